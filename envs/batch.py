@@ -1,0 +1,107 @@
+"""`BatchEnv`: `num_envs` excavation environments with auto-reset.
+
+Fast path (`step`): every env runs `step_no_reset`; only when some env finished does the
+reset branch run, under a `lax.cond` whose predicate is one unbatched `jnp.any(done)`.
+(A `cond` on a batched predicate under `vmap` lowers to a `select` that runs both
+branches every step.) `step_reference` resets unconditionally and selects; the two paths
+give identical results on the same keys, which the parity tests check.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs import actions as A
+from envs.env import ExcavationEnv
+from envs.state import EnvParams, EnvState
+
+
+class BatchEnv:
+    """`num_envs` environments; the first `round((1 - wheeled_fraction) * num_envs)` are
+    tracked, the rest wheeled. Each env keeps its agent type across episodes.
+
+    `params` defaults to the pool given at construction. Inside `jit`, pass `params`
+    explicitly as a traced argument, or the whole map pool is baked into the program.
+    """
+
+    def __init__(self, env: ExcavationEnv, params: EnvParams, num_envs: int):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.env = env
+        self.params = params
+        self.num_envs = num_envs
+        num_wheeled = int(round(env.config.wheeled_fraction * num_envs))
+        types = np.full((num_envs,), A.TRACKED, np.int32)
+        types[num_envs - num_wheeled :] = A.WHEELED
+        self.agent_types = types
+
+    def reset(self, key: jax.Array, params: EnvParams | None = None) -> tuple[dict, EnvState]:
+        """Fresh episodes with staggered ages: each env's age starts uniform in
+        `[0, max_steps)`, so timeouts do not all land on the same rollout step.
+
+        obs: dict of [num_envs, ...]; state: EnvState with a leading [num_envs] axis.
+        """
+        params = self.params if params is None else params
+        key_reset, key_age = jax.random.split(key)
+        keys = jax.random.split(key_reset, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None, 0))(
+            keys, params, jnp.asarray(self.agent_types)
+        )
+        ages = jax.random.randint(key_age, (self.num_envs,), 0, self.env.config.max_steps)
+        return obs, state.replace(age=ages.astype(jnp.int32))
+
+    def step(
+        self,
+        key: jax.Array,
+        state: EnvState,
+        actions: jax.Array,
+        params: EnvParams | None = None,
+    ):
+        """actions int32 [num_envs] -> (obs, state, reward, terminated, truncated, info).
+
+        reward float32 [num_envs]; terminated/truncated bool [num_envs]; obs is the first
+        observation of the new episode where an env finished, and
+        `info["final_observation"]` is the pre-reset observation of every env.
+        """
+        return self._step(key, state, actions, params, reset_always=False)
+
+    def step_reference(self, key, state, actions, params=None):
+        """Same contract as `step`, resetting every env unconditionally (parity reference)."""
+        return self._step(key, state, actions, params, reset_always=True)
+
+    def _step(self, key, state, actions, params, reset_always: bool):
+        params = self.params if params is None else params
+        key_step, key_reset = jax.random.split(key)
+        step_keys = jax.random.split(key_step, self.num_envs)
+        obs, next_state, reward, terminated, truncated, info = jax.vmap(
+            self.env.step_no_reset, in_axes=(0, 0, 0, None)
+        )(step_keys, state, actions, params)
+        done = terminated | truncated
+
+        def reset_done(operands):
+            obs, next_state = operands
+            reset_keys = jax.random.split(key_reset, self.num_envs)
+            reset_obs, reset_state = jax.vmap(self.env.reset_episode, in_axes=(0, None, 0, 0))(
+                reset_keys, params, next_state.agent.agent_type, next_state.curriculum
+            )
+            return select_where(done, reset_obs, obs), select_where(done, reset_state, next_state)
+
+        if reset_always:
+            new_obs, new_state = reset_done((obs, next_state))
+        else:
+            new_obs, new_state = jax.lax.cond(
+                jnp.any(done), reset_done, lambda x: x, (obs, next_state)
+            )
+        info = dict(info, final_observation=obs)
+        return new_obs, new_state, reward, terminated, truncated, info
+
+
+def select_where(mask: jax.Array, on_true, on_false):
+    """Per-env select over matching pytrees; mask bool [num_envs] broadcasts over each leaf."""
+
+    def select(a, b):
+        return jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 1)), a, b)
+
+    return jax.tree.map(select, on_true, on_false)

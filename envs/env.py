@@ -1,0 +1,492 @@
+"""The single excavation environment: `reset` and `step_no_reset`, pure and jittable.
+
+A step does all of its map work in one `[W, W]` window around the pre-step position: the
+chosen move's collision check, the DO (dig or dump), and then, seen from the post-step
+pose, the next observation's local maps and the analytic action mask. Actions share this
+geometry and their results are selected with `jnp.where`; there is no `lax.switch` over
+action bodies, so a step compiles one body whatever the action.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs import actions as A
+from envs import geometry as geo
+from envs.config import EnvConfig
+from envs.maps import MAP_TYPES
+from envs.state import AgentState, CurriculumState, EnvParams, EnvState
+
+NUM_LOCAL_LAYERS = 6
+LOCAL_LAYER_NAMES = ("dug", "dumped", "dig_target", "dump_zone", "dumpable", "obstacles")
+
+
+class ExcavationEnv:
+    """Excavation gridworld for one agent; vmap it (see `envs.batch.BatchEnv`).
+
+    Observation dict (N = map size):
+      agent_state   int32 [6]      row, col, base_heading, cabin_heading, wheel_angle, loaded
+      agent_type    int32 []       0 tracked, 1 wheeled
+      local_maps    int16 [12, 6]  workspace sums per arm heading (index 0 = current arm
+                                   heading, then anticlockwise) of LOCAL_LAYER_NAMES
+      target_map, action_map, obstacles, dumpability   int8 [N, N]
+      last_actions  int32 [K]      most recent first; NO_ACTION (8) before the first step
+      action_mask   bool [8]       which actions would change the state
+    """
+
+    def __init__(self, config: EnvConfig):
+        self.config = config
+        self._displacements = geo.move_displacements(config.move_step)
+        self._extents = geo.footprint_extents(config)
+        if config.curriculum is not None:
+            unknown = set(config.curriculum.levels) - set(MAP_TYPES)
+            if unknown:
+                raise ValueError(f"curriculum levels {sorted(unknown)} not in {MAP_TYPES}")
+            self._level_map_types = np.array(
+                [MAP_TYPES.index(name) for name in config.curriculum.levels], np.int32
+            )
+
+    # ------------------------------------------------------------------ reset
+
+    def reset(
+        self, key: jax.Array, params: EnvParams, agent_type: jax.Array | int = A.TRACKED
+    ) -> tuple[dict, EnvState]:
+        zero = jnp.zeros((), jnp.int32)
+        curriculum = CurriculumState(
+            level=zero, consecutive_successes=zero, consecutive_failures=zero
+        )
+        return self.reset_episode(key, params, jnp.asarray(agent_type, jnp.int32), curriculum)
+
+    def reset_episode(
+        self,
+        key: jax.Array,
+        params: EnvParams,
+        agent_type: jax.Array,
+        curriculum: CurriculumState,
+    ) -> tuple[dict, EnvState]:
+        """A new episode that keeps the env's agent type and curriculum progress."""
+        key_map, key_spawn, key_heading, key_fallback = jax.random.split(key, 4)
+        map_index = self._sample_map_index(key_map, params, curriculum.level)
+        target_map = params.target_map[map_index]
+        obstacles = params.obstacles[map_index]
+        pos, heading = self._spawn(
+            key_spawn,
+            key_heading,
+            key_fallback,
+            target_map,
+            obstacles,
+            params.spawn_pose[map_index],
+        )
+        zero = jnp.zeros((), jnp.int32)
+        agent = AgentState(
+            pos=pos,
+            base_heading=heading,
+            cabin_heading=zero,
+            wheel_angle=zero,
+            loaded=zero,
+            agent_type=agent_type,
+        )
+        state = self.make_state(
+            target_map,
+            obstacles,
+            params.dumpability[map_index],
+            agent,
+            map_index=map_index,
+            curriculum=curriculum,
+        )
+        return self.observation(state), state
+
+    def make_state(
+        self,
+        target_map,
+        obstacles,
+        dumpability,
+        agent: AgentState,
+        *,
+        action_map=None,
+        age=0,
+        map_index=0,
+        curriculum: CurriculumState | None = None,
+    ) -> EnvState:
+        """An EnvState from maps ([N, N], any int dtype) and an agent; the progress counters
+        are derived from the maps. Used by reset and to build exact states in tests."""
+        target_map = jnp.asarray(target_map, jnp.int8)
+        action_map = (
+            jnp.zeros_like(target_map) if action_map is None else jnp.asarray(action_map, jnp.int8)
+        )
+        has_dump_zones = jnp.any(target_map == 1)
+        soil_outside_zones = jnp.sum(
+            jnp.where(target_map == 1, 0, jnp.maximum(action_map, 0)), dtype=jnp.int32
+        )
+        zero = jnp.zeros((), jnp.int32)
+        if curriculum is None:
+            curriculum = CurriculumState(
+                level=zero, consecutive_successes=zero, consecutive_failures=zero
+            )
+        return EnvState(
+            agent=jax.tree.map(lambda x: jnp.asarray(x, jnp.int32), agent),
+            target_map=target_map,
+            action_map=action_map,
+            obstacles=jnp.asarray(obstacles, jnp.int8),
+            dumpability=jnp.asarray(dumpability, jnp.int8),
+            has_dump_zones=has_dump_zones,
+            dig_tiles_total=jnp.sum(target_map == -1, dtype=jnp.int32),
+            dig_tiles_done=jnp.sum((target_map == -1) & (action_map < 0), dtype=jnp.int32),
+            misplaced_soil=jnp.where(has_dump_zones, soil_outside_zones, 0),
+            last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
+            age=jnp.asarray(age, jnp.int32),
+            map_index=jnp.asarray(map_index, jnp.int32),
+            curriculum=curriculum,
+        )
+
+    def _sample_map_index(self, key, params: EnvParams, level) -> jax.Array:
+        if self.config.curriculum is None:
+            return jax.random.randint(key, (), 0, params.num_maps)
+        map_type = jnp.asarray(self._level_map_types)[level]
+        count = jnp.maximum(params.num_maps_of_type[map_type], 1)
+        return params.maps_of_type[map_type, jax.random.randint(key, (), 0, count)]
+
+    def _spawn(self, key_spawn, key_heading, key_fallback, target_map, obstacles, spawn_pose):
+        """A valid (pos, heading): the first free one of a few random candidates, else the
+        map's guaranteed spawn square. Bounded work, no while loop."""
+        cfg = self.config
+        count = cfg.spawn_candidates
+        lo = int(self._extents.max())
+        rows_cols = jax.random.randint(key_spawn, (count, 2), lo, cfg.map_size - lo)
+        headings = jax.random.randint(key_heading, (count,), 0, geo.NUM_HEADINGS)
+        free = (obstacles == 0) & (target_map == 0)
+        radius = int(np.ceil(cfg.footprint_radius))
+
+        def is_valid(pos, heading):
+            window = geo.make_window(pos, cfg.map_size, radius)
+            covered = geo.footprint_mask(cfg, window, heading)
+            on_map = geo.footprint_in_map(self._extents, pos, heading, cfg.map_size)
+            return on_map & ~jnp.any(covered & ~geo.crop(free, window))
+
+        valid = jax.vmap(is_valid)(rows_cols, headings)
+        first = jnp.argmax(valid)
+        fallback_heading = jax.random.randint(key_fallback, (), 0, geo.NUM_HEADINGS)
+        pos = jnp.where(jnp.any(valid), rows_cols[first], spawn_pose)
+        heading = jnp.where(jnp.any(valid), headings[first], fallback_heading)
+        return pos.astype(jnp.int32), heading.astype(jnp.int32)
+
+    # ------------------------------------------------------------------ step
+
+    def step_no_reset(
+        self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams
+    ) -> tuple[dict, EnvState, jax.Array, jax.Array, jax.Array, dict[str, Any]]:
+        """One step without auto-reset. The dynamics are deterministic; `key` and `params`
+        are part of the contract for environments that need them."""
+        del key, params
+        cfg = self.config
+        rw = cfg.reward
+        agent = state.agent
+        action = jnp.asarray(action, jnp.int32)
+        window = geo.make_window(agent.pos, cfg.map_size, cfg.window_radius)
+        w_target = geo.crop(state.target_map, window)
+        w_action = geo.crop(state.action_map, window)
+        w_obstacles = geo.crop(state.obstacles, window)
+        w_dump = geo.crop(state.dumpability, window)
+
+        # Base moves and turns: one candidate pose, one collision check.
+        is_wheeled = agent.agent_type == A.WHEELED
+        is_loaded = agent.loaded > 0
+        delta, cand_heading, new_wheel = self._candidate_pose(agent, action)
+        is_drive = (action == A.FORWARD) | (action == A.BACKWARD)
+        is_base_turn = ~is_wheeled & ((action == A.CLOCK) | (action == A.ANTICLOCK))
+        is_wheel_turn = is_wheeled & ((action == A.WHEELS_LEFT) | (action == A.WHEELS_RIGHT))
+        is_cabin_turn = (action == A.CABIN_CLOCK) | (action == A.CABIN_ANTICLOCK)
+        is_base_action = is_drive | is_base_turn
+        traversable = (w_obstacles == 0) & (w_action == 0)
+        pose_ok = self._pose_is_free(window, traversable, agent.pos, delta, cand_heading)
+        moved = is_base_action & ~is_loaded & pose_ok
+        collided = is_base_action & ~is_loaded & ~pose_ok
+        blocked_by_load = is_base_action & is_loaded
+
+        # DO from the pre-step pose (a DO never moves the base).
+        dig = self._dig_or_dump(agent, window, w_target, w_action, w_obstacles, w_dump)
+        is_do = action == A.DO
+        digging = is_do & ~is_loaded
+        dumping = is_do & is_loaded
+        new_w_action = jnp.where(
+            digging, dig["dig_action"], jnp.where(dumping, dig["dump_action"], w_action)
+        )
+        new_w_dump = jnp.where(digging, dig["dig_dumpability"], w_dump)
+        new_loaded = jnp.where(
+            digging,
+            agent.loaded + dig["dig_units"],
+            jnp.where(dumping & (dig["dump_units"] > 0), 0, agent.loaded),
+        )
+        do_effect = jnp.where(digging, dig["dig_units"] > 0, dig["dump_units"] > 0)
+
+        cabin_delta = jnp.where(
+            action == A.CABIN_ANTICLOCK, 1, jnp.where(action == A.CABIN_CLOCK, -1, 0)
+        )
+        new_agent = agent.replace(
+            pos=jnp.where(moved, agent.pos + delta, agent.pos),
+            base_heading=jnp.where(moved, cand_heading, agent.base_heading),
+            cabin_heading=(agent.cabin_heading + cabin_delta) % geo.NUM_HEADINGS,
+            wheel_angle=jnp.where(is_wheel_turn, new_wheel, agent.wheel_angle),
+            loaded=new_loaded,
+        )
+
+        has_zones = state.has_dump_zones
+        newly_dug = jnp.where(digging & ~dig["picked_up"], dig["dig_units"], 0)
+        misplaced_delta = jnp.where(
+            has_zones,
+            jnp.where(digging, -dig["pickup_outside_zone"], 0)
+            + jnp.where(dumping, dig["dump_units"] - dig["dump_on_zone"], 0),
+            0,
+        )
+        dig_tiles_done = state.dig_tiles_done + newly_dug
+        misplaced_soil = state.misplaced_soil + misplaced_delta
+        task_done = (
+            (dig_tiles_done >= state.dig_tiles_total) & (misplaced_soil == 0) & (new_loaded == 0)
+        )
+        age = state.age + 1
+        truncated = (age >= cfg.max_steps) & ~task_done
+
+        dump_correct_units = jnp.where(has_zones, dig["dump_on_zone"], dig["dump_units"])
+        terms = {
+            "existence": jnp.float32(rw.existence),
+            "move": jnp.where(moved & is_drive, rw.move, 0.0),
+            "base_turn": jnp.where(moved & is_base_turn, rw.base_turn, 0.0),
+            "cabin_turn": jnp.where(is_cabin_turn, rw.cabin_turn, 0.0),
+            "wheel_turn": jnp.where(is_wheel_turn, rw.wheel_turn, 0.0),
+            "collision": jnp.where(collided, rw.collision, 0.0),
+            "move_while_loaded": jnp.where(blocked_by_load, rw.move_while_loaded, 0.0),
+            "dig_correct": rw.dig_correct_per_tile * newly_dug,
+            "pickup_from_dump_zone": jnp.where(
+                digging, rw.pickup_from_dump_zone_per_unit * dig["pickup_on_zone"], 0.0
+            ),
+            "dump_correct": jnp.where(dumping, rw.dump_correct_per_unit * dump_correct_units, 0.0),
+            "dump_outside_zone": jnp.where(
+                dumping & has_zones,
+                rw.dump_outside_zone_per_unit * (dig["dump_units"] - dig["dump_on_zone"]),
+                0.0,
+            ),
+            "do_no_effect": jnp.where(is_do & ~do_effect, rw.do_no_effect, 0.0),
+            "terminal_success": jnp.where(task_done, rw.terminal_success, 0.0),
+        }
+        terms = {name: (value / rw.normalizer).astype(jnp.float32) for name, value in terms.items()}
+        reward = sum(terms.values())
+
+        new_state = state.replace(
+            agent=new_agent,
+            action_map=geo.paste(state.action_map, new_w_action, window),
+            dumpability=geo.paste(state.dumpability, new_w_dump, window),
+            dig_tiles_done=dig_tiles_done,
+            misplaced_soil=misplaced_soil,
+            last_actions=jnp.concatenate([action[None], state.last_actions[:-1]]),
+            age=age,
+            curriculum=self.update_curriculum(state.curriculum, task_done, truncated),
+        )
+        # The post-step observation, seen from the new pose inside the same window.
+        new_window = window.shifted(new_agent.pos - agent.pos)
+        obs = self._observe(new_state, new_window, w_target, new_w_action, w_obstacles, new_w_dump)
+        info = {
+            "task_done": task_done,
+            "truncated": truncated,
+            "episode_progress": self.episode_progress(new_state),
+            "reward_terms": terms,
+            "action_mask": obs["action_mask"],
+            "curriculum_level": new_state.curriculum.level,
+        }
+        return obs, new_state, reward, task_done, truncated, info
+
+    def _candidate_pose(self, agent: AgentState, action: jax.Array):
+        """Pose a base action would reach: (delta int32 [2], heading, wheel angle).
+
+        Tracked: FORWARD/BACKWARD go straight; CLOCK/ANTICLOCK turn in place. Wheeled:
+        FORWARD/BACKWARD follow an arc, turning the heading by the wheel angle and moving
+        along the mean heading; WHEELS_LEFT/RIGHT change the wheel angle.
+        """
+        cfg = self.config
+        is_wheeled = agent.agent_type == A.WHEELED
+        direction = jnp.where(action == A.FORWARD, 1, jnp.where(action == A.BACKWARD, -1, 0))
+        wheel = jnp.where(is_wheeled, agent.wheel_angle, 0)
+        half_angle = (2 * agent.base_heading + direction * wheel) % (2 * geo.NUM_HEADINGS)
+        delta = direction * jnp.asarray(self._displacements)[half_angle]
+        turn = jnp.where(action == A.ANTICLOCK, 1, jnp.where(action == A.CLOCK, -1, 0))
+        heading_change = jnp.where(is_wheeled, direction * wheel, turn)
+        heading = (agent.base_heading + heading_change) % geo.NUM_HEADINGS
+        wheel_change = jnp.where(
+            action == A.WHEELS_LEFT, 1, jnp.where(action == A.WHEELS_RIGHT, -1, 0)
+        )
+        limit = cfg.wheel_angle_limit
+        new_wheel = jnp.clip(agent.wheel_angle + wheel_change, -limit, limit)
+        return delta.astype(jnp.int32), heading, new_wheel
+
+    def _pose_is_free(self, window, traversable, pos, delta, heading) -> jax.Array:
+        """bool []: the footprint at pos + delta with `heading` is on the map and free."""
+        covered = geo.footprint_mask(self.config, window.shifted(delta), heading)
+        on_map = geo.footprint_in_map(self._extents, pos + delta, heading, self.config.map_size)
+        return on_map & ~jnp.any(covered & ~traversable)
+
+    def _workspace(self, agent: AgentState, window, w_obstacles) -> jax.Array:
+        """bool [W, W]: tiles the arm reaches, minus the agent's own footprint and obstacles."""
+        arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
+        sector = geo.sector_masks(self.config, window, arm)
+        under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
+        return sector & ~under_agent & (w_obstacles == 0)
+
+    def _dig_or_dump(self, agent, window, w_target, w_action, w_obstacles, w_dump) -> dict:
+        """Both DO outcomes on the window; the caller selects by whether the agent is loaded.
+
+        Dig (empty bucket): if any dumped soil is in reach, every such tile gives one unit;
+        otherwise every undug -1 target tile in reach is dug one level. Dump (loaded): the
+        load is split over dumpable untouched tiles in reach, dump zones first; integer
+        shares (remainder one unit each, in row-major order) so soil is conserved exactly.
+        """
+        workspace = self._workspace(agent, window, w_obstacles)
+        soil_tiles = workspace & (w_action > 0)
+        picked_up = jnp.any(soil_tiles)
+        dig_tiles = workspace & (w_target == -1) & (w_action == 0)
+        lowered = jnp.where(picked_up, soil_tiles, dig_tiles)
+        dig_action = w_action - lowered.astype(jnp.int8)
+        # Tiles next to newly dug ground can no longer take soil.
+        newly_dug = (lowered & ~picked_up).astype(jnp.int8)
+        near_dug = jax.lax.reduce_window(
+            newly_dug, jnp.int8(0), jax.lax.max, (3, 3), (1, 1), "SAME"
+        )
+        on_zone = w_target == 1
+
+        dumpable = workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1)
+        zone_dumpable = dumpable & on_zone
+        dest = jnp.where(jnp.any(zone_dumpable), zone_dumpable, dumpable)
+        num_dest = jnp.sum(dest, dtype=jnp.int32)
+        safe_num = jnp.maximum(num_dest, 1)
+        rank = (jnp.cumsum(dest.ravel().astype(jnp.int32)) - 1).reshape(dest.shape)
+        share = agent.loaded // safe_num + (rank < agent.loaded % safe_num)
+        share = jnp.where(dest, share, 0).astype(jnp.int32)
+        return {
+            "dig_action": dig_action,
+            "dig_dumpability": jnp.where(near_dug > 0, jnp.int8(0), w_dump),
+            "dig_units": jnp.sum(lowered, dtype=jnp.int32),
+            "picked_up": picked_up,
+            "pickup_on_zone": jnp.sum(lowered & picked_up & on_zone, dtype=jnp.int32),
+            "pickup_outside_zone": jnp.sum(lowered & picked_up & ~on_zone, dtype=jnp.int32),
+            "dump_action": (w_action + share).astype(jnp.int8),
+            "dump_units": jnp.sum(share),
+            "dump_on_zone": jnp.sum(jnp.where(on_zone, share, 0)),
+        }
+
+    def update_curriculum(self, curriculum: CurriculumState, success, timeout):
+        spec = self.config.curriculum
+        if spec is None:
+            return curriculum
+        successes = jnp.where(
+            success,
+            curriculum.consecutive_successes + 1,
+            jnp.where(timeout, 0, curriculum.consecutive_successes),
+        )
+        failures = jnp.where(
+            timeout,
+            curriculum.consecutive_failures + 1,
+            jnp.where(success, 0, curriculum.consecutive_failures),
+        )
+        promote = successes >= spec.promote_after
+        demote = failures >= spec.demote_after
+        top = len(spec.levels) - 1
+        level = jnp.clip(
+            curriculum.level + promote.astype(jnp.int32) - demote.astype(jnp.int32), 0, top
+        )
+        changed = promote | demote
+        return CurriculumState(
+            level=level,
+            consecutive_successes=jnp.where(changed, 0, successes),
+            consecutive_failures=jnp.where(changed, 0, failures),
+        )
+
+    # ------------------------------------------------------------------ observation
+
+    def observation(self, state: EnvState) -> dict:
+        window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)
+        layers = [
+            geo.crop(layer, window)
+            for layer in (state.target_map, state.action_map, state.obstacles, state.dumpability)
+        ]
+        return self._observe(state, window, *layers)
+
+    def action_mask(self, state: EnvState) -> jax.Array:
+        """bool [8]: True where the action would change the state (DO_NOTHING always)."""
+        return self.observation(state)["action_mask"]
+
+    def episode_progress(self, state: EnvState) -> jax.Array:
+        """float32 []: fraction of the dig target done, 0..1."""
+        total = jnp.maximum(state.dig_tiles_total, 1)
+        return (state.dig_tiles_done / total).astype(jnp.float32)
+
+    def _observe(self, state, window, w_target, w_action, w_obstacles, w_dump) -> dict:
+        cfg = self.config
+        agent = state.agent
+        arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
+        arm_headings = (arm + jnp.arange(geo.NUM_HEADINGS)) % geo.NUM_HEADINGS
+        sectors = geo.sector_masks(cfg, window, arm_headings)  # [12, W, W], index 0 = arm
+        layers = jnp.stack(
+            [
+                jnp.maximum(-w_action, 0),
+                jnp.maximum(w_action, 0),
+                w_target == -1,
+                w_target == 1,
+                w_dump == 1,
+                w_obstacles == 1,
+            ]
+        ).astype(jnp.float32)
+        local_maps = jnp.einsum("hij,lij->hl", sectors.astype(jnp.float32), layers)
+        if cfg.compute_action_mask:
+            mask = self._action_mask(
+                agent, window, sectors[0], w_target, w_action, w_obstacles, w_dump
+            )
+        else:
+            mask = jnp.ones((A.NUM_ACTIONS,), bool)
+        agent_state = jnp.stack(
+            [
+                agent.pos[0],
+                agent.pos[1],
+                agent.base_heading,
+                agent.cabin_heading,
+                agent.wheel_angle,
+                agent.loaded,
+            ]
+        )
+        return {
+            "agent_state": agent_state.astype(jnp.int32),
+            "agent_type": agent.agent_type,
+            "local_maps": local_maps.astype(jnp.int16),
+            "target_map": state.target_map,
+            "action_map": state.action_map,
+            "obstacles": state.obstacles,
+            "dumpability": state.dumpability,
+            "last_actions": state.last_actions,
+            "action_mask": mask,
+        }
+
+    def _action_mask(self, agent, window, arm_sector, w_target, w_action, w_obstacles, w_dump):
+        """Analytic mask: four footprint checks and the DO preconditions, no simulation."""
+        is_wheeled = agent.agent_type == A.WHEELED
+        is_loaded = agent.loaded > 0
+        traversable = (w_obstacles == 0) & (w_action == 0)
+        base_actions = jnp.arange(4, dtype=jnp.int32)
+        deltas, headings, _ = jax.vmap(lambda a: self._candidate_pose(agent, a))(base_actions)
+        pose_free = jax.vmap(lambda d, h: self._pose_is_free(window, traversable, agent.pos, d, h))(
+            deltas, headings
+        )
+        base_ok = pose_free & ~is_loaded
+        limit = self.config.wheel_angle_limit
+        wheels_ok = jnp.stack([agent.wheel_angle < limit, agent.wheel_angle > -limit])
+        turns_ok = jnp.where(is_wheeled, wheels_ok, base_ok[2:])
+
+        under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
+        workspace = arm_sector & ~under_agent & (w_obstacles == 0)
+        can_dig = jnp.any(workspace & ((w_action > 0) | ((w_target == -1) & (w_action == 0))))
+        can_dump = jnp.any(workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1))
+        do_ok = jnp.where(is_loaded, can_dump, can_dig)
+        true = jnp.ones((), bool)
+        return jnp.stack(
+            [base_ok[0], base_ok[1], turns_ok[0], turns_ok[1], true, true, do_ok, true]
+        )

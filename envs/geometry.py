@@ -1,0 +1,128 @@
+"""Shared geometry: headings, moves, the agent footprint and the workspace ring sector.
+
+Conventions: rows grow downwards, columns to the right. Heading `h` (0..11) points at
+`h * 30` degrees anticlockwise from +column, so its unit vector in (row, col) is
+`(-sin, cos)`. Every step works in one `[W, W]` window around the agent (see
+`EnvConfig.window_radius`); masks are computed from the window cells' offsets relative to a
+centre, so no per-heading mask tables and no traced `jnp.roll` are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs.config import EnvConfig
+
+NUM_HEADINGS = 12
+# Integer offsets can land exactly on a footprint or sector boundary (e.g. 9 * cos(60deg) =
+# 4.5); the margin makes those tiles count as inside in float32 and float64 alike. The next
+# offset values within a window are >= 0.01 away from any boundary.
+BOUNDARY_MARGIN = 1e-3
+
+_ANGLES = np.deg2rad(np.arange(NUM_HEADINGS) * 30.0)
+_HALF_ANGLES = np.deg2rad(np.arange(2 * NUM_HEADINGS) * 15.0)
+COS = np.cos(_ANGLES).astype(np.float32)
+SIN = np.sin(_ANGLES).astype(np.float32)
+
+
+def move_displacements(move_step: int) -> np.ndarray:
+    """int32 [24, 2]: (row, col) displacement of one forward move along each 15-degree angle."""
+    rows = np.round(-move_step * np.sin(_HALF_ANGLES))
+    cols = np.round(move_step * np.cos(_HALF_ANGLES))
+    return np.stack([rows, cols], axis=-1).astype(np.int32)
+
+
+def footprint_extents(config: EnvConfig) -> np.ndarray:
+    """int32 [12, 2]: the largest |row| and |col| offset of a footprint tile per heading."""
+    radius = math.ceil(config.footprint_radius)
+    offsets = np.arange(-radius, radius + 1, dtype=np.float64)
+    rel_r, rel_c = offsets[:, None], offsets[None, :]
+    extents = np.zeros((NUM_HEADINGS, 2), np.int32)
+    for heading in range(NUM_HEADINGS):
+        inside = _footprint_np(config, rel_r, rel_c, heading)
+        rows, cols = np.nonzero(inside)
+        extents[heading] = (np.abs(offsets[rows]).max(), np.abs(offsets[cols]).max())
+    return extents
+
+
+def _footprint_np(config, rel_r, rel_c, heading):
+    cos, sin = math.cos(_ANGLES[heading]), math.sin(_ANGLES[heading])
+    along = rel_c * cos - rel_r * sin
+    across = rel_c * sin + rel_r * cos
+    return (np.abs(along) <= config.footprint_length / 2 + BOUNDARY_MARGIN) & (
+        np.abs(across) <= config.footprint_width / 2 + BOUNDARY_MARGIN
+    )
+
+
+class Window(NamedTuple):
+    """A `[W, W]` crop of the map around an agent position.
+
+    start: int32 [2]   absolute (row, col) of window cell (0, 0); clamped into the map, so
+                       the window always holds every map cell within `window_radius`.
+    rel_r: float32 [W, 1]  row offset of each window row from the agent position.
+    rel_c: float32 [1, W]  column offset of each window column from the agent position.
+    """
+
+    start: jax.Array
+    rel_r: jax.Array
+    rel_c: jax.Array
+
+    def shifted(self, delta: jax.Array) -> Window:
+        """The same cells seen from a centre moved by `delta` int32 [2]."""
+        return Window(self.start, self.rel_r - delta[0], self.rel_c - delta[1])
+
+
+def make_window(pos: jax.Array, map_size: int, radius: int) -> Window:
+    size = 2 * radius + 1
+    start = jnp.clip(pos - radius, 0, map_size - size).astype(jnp.int32)
+    cells = jnp.arange(size, dtype=jnp.int32)
+    rel_r = (start[0] + cells - pos[0]).astype(jnp.float32)[:, None]
+    rel_c = (start[1] + cells - pos[1]).astype(jnp.float32)[None, :]
+    return Window(start, rel_r, rel_c)
+
+
+def crop(layer: jax.Array, window: Window) -> jax.Array:
+    """[N, N] -> [W, W] cells of `layer` under `window`."""
+    size = window.rel_r.shape[0]
+    return jax.lax.dynamic_slice(layer, (window.start[0], window.start[1]), (size, size))
+
+
+def paste(layer: jax.Array, window_values: jax.Array, window: Window) -> jax.Array:
+    """Writes `[W, W]` values back into the `[N, N]` layer."""
+    return jax.lax.dynamic_update_slice(layer, window_values, (window.start[0], window.start[1]))
+
+
+def footprint_mask(config: EnvConfig, window: Window, heading: jax.Array) -> jax.Array:
+    """bool [W, W]: window cells covered by the footprint centred at the window's centre."""
+    cos, sin = jnp.asarray(COS)[heading], jnp.asarray(SIN)[heading]
+    along = window.rel_c * cos - window.rel_r * sin
+    across = window.rel_c * sin + window.rel_r * cos
+    return (jnp.abs(along) <= config.footprint_length / 2 + BOUNDARY_MARGIN) & (
+        jnp.abs(across) <= config.footprint_width / 2 + BOUNDARY_MARGIN
+    )
+
+
+def footprint_in_map(
+    extents: np.ndarray, pos: jax.Array, heading: jax.Array, map_size: int
+) -> jax.Array:
+    """bool []: every footprint tile of a pose lies inside the map."""
+    extent = jnp.asarray(extents)[heading]
+    return jnp.all((pos - extent >= 0) & (pos + extent <= map_size - 1))
+
+
+def sector_masks(config: EnvConfig, window: Window, arm_headings: jax.Array) -> jax.Array:
+    """bool [..., W, W]: workspace ring sectors (60 degrees wide) for each arm heading."""
+    cos = jnp.asarray(COS)[arm_headings][..., None, None]
+    sin = jnp.asarray(SIN)[arm_headings][..., None, None]
+    r_min, r_max = config.workspace_radii
+    dist_sq = window.rel_r**2 + window.rel_c**2
+    along = window.rel_c * cos - window.rel_r * sin
+    half_angle_cos = math.cos(math.radians(config.workspace_half_angle_deg))
+    in_ring = (dist_sq >= r_min**2) & (dist_sq <= r_max**2)
+    in_cone = (along >= 0) & (along**2 >= dist_sq * half_angle_cos**2 - BOUNDARY_MARGIN)
+    return in_ring & in_cone

@@ -1,0 +1,408 @@
+"""Procedural excavation maps (numpy only, fully determined by a seed).
+
+Two map types:
+  foundations: building footprints to dig (rectangle, L, U or ring), ringed by dump zones
+               that sit one free tile away from the dig area; few or no obstacles.
+  trenches:    1-3 straight trenches (any of 8 orientations, diagonals included), rectangular
+               obstacles and no-dump patches; no dump zones, soil may go on any dumpable tile.
+
+Every map comes with a spawn pose whose surrounding square is free of obstacles and targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+MAP_TYPES = ("foundations", "trenches")  # index = map type id
+VALID_MAP_SIZES = (16, 32, 64)
+FOUNDATION_SHAPES = ("rectangle", "l_shape", "u_shape", "ring")
+
+DIG_TILE, FREE_TILE, DUMP_TILE = -1, 0, 1
+
+# Agent footprints are 9x5 (64), 5x3 (32) and 3x1 (16); these are the clearances the env uses.
+_DEFAULT_SPAWN_CLEARANCE = {16: 3, 32: 4, 64: 6}
+# Rows the minimal fallback layout needs beside the spawn square: dump, gap, 2 dig, gap, dump.
+_FALLBACK_ROWS = 6
+_MAX_ATTEMPTS = 12
+_ATTEMPT_SHRINK = 0.85
+_MAX_FOUNDATIONS = {16: 1, 32: 2, 64: 3}
+# Dump area aimed for, as a multiple of the dig area; 1.0 is the hard minimum.
+_GENEROUS_DUMP_RATIO = 1.5
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq on numpy fields is ambiguous; use equals()
+class MapSet:
+    """A pool of M square maps of side N (all numpy).
+
+    target_map:  int8 [M, N, N]  -1 = tile to dig, 0 = free, +1 = dump zone that must get the soil
+    obstacles:   int8 [M, N, N]  1 = obstacle (not traversable, diggable or dumpable), else 0
+    dumpability: int8 [M, N, N]  1 = dumping allowed, 0 = no-dump zone (obstacles are always 0)
+    map_type:    int8 [M]        index into MAP_TYPES
+    spawn_pose:  int32 [M, 2]    (row, col) centre of a square of half-size spawn_clearance
+                                 that lies inside the map and holds no obstacle and no target
+    """
+
+    target_map: np.ndarray
+    obstacles: np.ndarray
+    dumpability: np.ndarray
+    map_type: np.ndarray
+    spawn_pose: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return int(self.target_map.shape[-1])
+
+    @property
+    def count(self) -> int:
+        return int(self.target_map.shape[0])
+
+    def head(self, k: int) -> MapSet:
+        """The first k maps as a new MapSet."""
+        return MapSet(**{name: value[:k] for name, value in self.fields().items()})
+
+    def fields(self) -> dict[str, np.ndarray]:
+        """Field name -> array, in declaration order."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def type_counts(self) -> dict[str, int]:
+        """Number of maps of each type in MAP_TYPES (zeros included)."""
+        counts = np.bincount(self.map_type.astype(np.int64), minlength=len(MAP_TYPES))
+        return {name: int(counts[i]) for i, name in enumerate(MAP_TYPES)}
+
+    def equals(self, other: MapSet) -> bool:
+        """True when every field has the same dtype, shape and values."""
+        return all(
+            a.dtype == b.dtype and np.array_equal(a, b)
+            for a, b in zip(self.fields().values(), other.fields().values(), strict=True)
+        )
+
+
+def default_spawn_clearance(size: int) -> int:
+    """Spawn clearance the env uses on maps of this size (64 -> 6, 32 -> 4, 16 -> 3)."""
+    if size not in _DEFAULT_SPAWN_CLEARANCE:
+        raise ValueError(f"invalid map size {size}; valid sizes: {_join(VALID_MAP_SIZES)}")
+    return _DEFAULT_SPAWN_CLEARANCE[size]
+
+
+def max_spawn_clearance(size: int) -> int:
+    """Largest clearance that still leaves room for a dig area beside the spawn square."""
+    return (size - _FALLBACK_ROWS - 1) // 2
+
+
+def check_generation_args(
+    types: Sequence[str], size: int, count: int, seed: int, spawn_clearance: int
+) -> tuple[str, ...]:
+    """Validate generate_maps arguments; returns types as a tuple. Raises ValueError (one line)."""
+    type_list = (types,) if isinstance(types, str) else tuple(types)
+    if not type_list:
+        raise ValueError(f"no map types given; valid types: {_join(MAP_TYPES)}")
+    for name in type_list:
+        if name not in MAP_TYPES:
+            raise ValueError(f"unknown map type {name!r}; valid types: {_join(MAP_TYPES)}")
+    if size not in VALID_MAP_SIZES:
+        raise ValueError(f"invalid map size {size}; valid sizes: {_join(VALID_MAP_SIZES)}")
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"count must be a positive integer, got {count!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    limit = max_spawn_clearance(size)
+    if not isinstance(spawn_clearance, int) or not 0 <= spawn_clearance <= limit:
+        raise ValueError(
+            f"spawn_clearance must be an integer in 0..{limit} for size {size}, "
+            f"got {spawn_clearance!r}"
+        )
+    return type_list
+
+
+def generate_maps(
+    types: Sequence[str], size: int, count: int, seed: int, spawn_clearance: int
+) -> MapSet:
+    """Generate `count` maps of side `size`, types assigned round robin over `types`.
+
+    Map i uses its own generator spawned from `seed`, so a shorter run is a prefix of a longer one.
+    """
+    type_list = check_generation_args(types, size, count, seed, spawn_clearance)
+    target_map = np.zeros((count, size, size), np.int8)
+    obstacles = np.zeros((count, size, size), np.int8)
+    dumpability = np.zeros((count, size, size), np.int8)
+    map_type = np.zeros(count, np.int8)
+    spawn_pose = np.zeros((count, 2), np.int32)
+    for i, child_seed in enumerate(np.random.SeedSequence(seed).spawn(count)):
+        type_name = type_list[i % len(type_list)]
+        rng = np.random.default_rng(child_seed)
+        layout = _generate_layout(type_name, size, spawn_clearance, rng)
+        target_map[i] = layout.target
+        obstacles[i] = layout.obstacles
+        dumpability[i] = layout.dumpable
+        map_type[i] = MAP_TYPES.index(type_name)
+        spawn_pose[i] = layout.spawn
+    return MapSet(target_map, obstacles, dumpability, map_type, spawn_pose)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """One map. target: int8 [N, N]; obstacles, dumpable: bool [N, N]; spawn: (row, col)."""
+
+    target: np.ndarray
+    obstacles: np.ndarray
+    dumpable: np.ndarray
+    spawn: tuple[int, int]
+
+
+_Builder = Callable[[np.random.Generator, int, int, float], "_Layout | None"]
+
+
+def _generate_layout(
+    type_name: str, size: int, clearance: int, rng: np.random.Generator
+) -> _Layout:
+    """Try the random builder with ever smaller features; fall back to a fixed minimal layout."""
+    builder = _BUILDERS[type_name]
+    for attempt in range(_MAX_ATTEMPTS):
+        layout = builder(rng, size, clearance, _ATTEMPT_SHRINK**attempt)
+        if layout is not None:
+            return layout
+    return _fallback_layout(type_name, size, clearance)
+
+
+# ----------------------------------------------------------------------------- foundations
+
+
+def _build_foundations(
+    rng: np.random.Generator, size: int, clearance: int, scale: float
+) -> _Layout | None:
+    # The spawn square is reserved first: footprints and dump bands are laid out around it.
+    row, col = rng.integers(clearance, size - clearance, size=2)
+    spawn = (int(row), int(col))
+    reserved = _square_mask(size, spawn, clearance)
+    border = np.ones((size, size), bool)
+    border[1:-1, 1:-1] = False
+    dig = np.zeros((size, size), bool)
+    n_footprints = int(rng.integers(1, _MAX_FOUNDATIONS[size] + 1))
+    shrink = scale / np.sqrt(n_footprints)
+    for index in range(n_footprints):
+        low = max(3, round(0.2 * size * shrink))
+        high = max(low, round(0.45 * size * shrink))
+        height, width = (int(v) for v in rng.integers(low, high + 1, size=2))
+        # Keep a free tile to the spawn square and the border, and 3 tiles to other footprints.
+        keep_out = _dilate(reserved, 1) | _dilate(dig, 3) | border
+        origins = _free_window_origins(keep_out, height, width)
+        if len(origins) == 0:
+            if index == 0:
+                return None
+            continue
+        row, col = origins[rng.integers(len(origins))]
+        dig[row : row + height, col : col + width] |= _footprint_mask(rng, height, width)
+
+    dump = _dump_band(dig, reserved, max_width=size // 4)
+    if dump is None:
+        return None
+    obstacles = _scatter_small_obstacles(rng, size, _dilate(dig | dump, 2) | reserved)
+    target = np.where(dig, DIG_TILE, np.where(dump, DUMP_TILE, FREE_TILE)).astype(np.int8)
+    return _Layout(target, obstacles, ~obstacles, spawn)
+
+
+def _footprint_mask(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A building footprint filling a height x width box. Returns bool [height, width]."""
+    shape = FOUNDATION_SHAPES[rng.integers(len(FOUNDATION_SHAPES))]
+    thickness = max(1, round(min(height, width) * rng.uniform(0.3, 0.45)))
+    if min(height, width) < 2 * thickness + 1:
+        shape = "rectangle"  # too small to carve an opening into
+    mask = np.ones((height, width), bool)
+    inner_rows, inner_cols = height - thickness, width - thickness
+    if shape == "l_shape":
+        rows = slice(0, inner_rows) if rng.random() < 0.5 else slice(thickness, height)
+        cols = slice(0, inner_cols) if rng.random() < 0.5 else slice(thickness, width)
+        mask[rows, cols] = False
+    elif shape == "u_shape":
+        opening = rng.integers(4)
+        middle_rows, middle_cols = slice(thickness, inner_rows), slice(thickness, inner_cols)
+        if opening == 0:
+            mask[:inner_rows, middle_cols] = False
+        elif opening == 1:
+            mask[thickness:, middle_cols] = False
+        elif opening == 2:
+            mask[middle_rows, :inner_cols] = False
+        else:
+            mask[middle_rows, thickness:] = False
+    elif shape == "ring":
+        mask[thickness:inner_rows, thickness:inner_cols] = False
+    return mask
+
+
+def _dump_band(dig: np.ndarray, reserved: np.ndarray, max_width: int) -> np.ndarray | None:
+    """Dump zone one free tile away from `dig`, widened until it can take all the soil.
+
+    dig, reserved: bool [N, N]. Returns bool [N, N], or None if even max_width is too small.
+    """
+    distance = _chebyshev_distance(dig, max_width + 1)
+    candidates = (distance >= 2) & (distance <= max_width + 1) & ~reserved
+    # area_by_width[w - 1] = dump area of a band of width w (distances 2 .. w + 1)
+    area_by_width = np.cumsum(np.bincount(distance[candidates], minlength=max_width + 2)[2:])
+    dig_area = int(dig.sum())
+    for ratio in (_GENEROUS_DUMP_RATIO, 1.0):
+        wide_enough = np.flatnonzero(area_by_width >= ratio * dig_area)
+        if len(wide_enough):
+            return candidates & (distance <= int(wide_enough[0]) + 2)
+    return None
+
+
+def _scatter_small_obstacles(
+    rng: np.random.Generator, size: int, keep_out: np.ndarray
+) -> np.ndarray:
+    """Half the maps get 1-2 small square obstacles outside keep_out. Returns bool [N, N]."""
+    obstacles = np.zeros((size, size), bool)
+    if rng.random() < 0.5:
+        return obstacles
+    for _ in range(int(rng.integers(1, 3))):
+        side = int(rng.integers(1, max(1, size // 16) + 2))
+        origins = _free_window_origins(keep_out | obstacles, side, side)
+        if len(origins):
+            row, col = origins[rng.integers(len(origins))]
+            obstacles[row : row + side, col : col + side] = True
+    return obstacles
+
+
+# ----------------------------------------------------------------------------- trenches
+
+
+def _build_trenches(
+    rng: np.random.Generator, size: int, clearance: int, scale: float
+) -> _Layout | None:
+    dig = np.zeros((size, size), bool)
+    for _ in range(int(rng.integers(1, 4))):
+        dig |= _trench_mask(rng, size, scale)
+    dig[[0, -1], :] = dig[:, [0, -1]] = False  # border tiles are awkward to reach
+    centres = _clear_square_centres(dig, clearance)
+    if not dig.any() or len(centres) == 0:
+        return None
+    spawn = tuple(int(v) for v in centres[rng.integers(len(centres))])
+    reserved = _square_mask(size, spawn, clearance)
+
+    obstacles = np.zeros((size, size), bool)
+    keep_out = _dilate(dig, 1) | reserved  # obstacles stay off the trench and its edge
+    for _ in range(int(rng.integers(1, size // 16 + 2))):
+        height, width = (int(v) for v in rng.integers(1, max(2, size // 8) + 1, size=2))
+        origins = _free_window_origins(keep_out | obstacles, height, width)
+        if len(origins):
+            row, col = origins[rng.integers(len(origins))]
+            obstacles[row : row + height, col : col + width] = True
+
+    no_dump = np.zeros((size, size), bool)
+    for _ in range(int(rng.integers(1, 4))):
+        height, width = (int(v) for v in rng.integers(size // 8, size // 4 + 1, size=2))
+        row, col = (int(v) for v in rng.integers(0, [size - height + 1, size - width + 1]))
+        no_dump[row : row + height, col : col + width] = True
+
+    dumpable = ~no_dump & ~obstacles
+    if (dumpable & ~dig).sum() < dig.sum():
+        return None  # the soil would not fit anywhere
+    target = np.where(dig, DIG_TILE, FREE_TILE).astype(np.int8)
+    return _Layout(target, obstacles, dumpable, spawn)
+
+
+def _trench_mask(rng: np.random.Generator, size: int, scale: float) -> np.ndarray:
+    """One straight trench, 1-2 tiles wide, at a multiple of 22.5 degrees. Returns bool [N, N]."""
+    angle = np.pi / 8 * rng.integers(8)
+    direction = np.array([np.sin(angle), np.cos(angle)])  # (row, col) unit vector
+    half_length = 0.5 * size * scale * rng.uniform(0.5, 0.9)
+    half_width = 0.5 * int(rng.integers(1, 3))
+    centre = rng.uniform(0.25 * size, 0.75 * size, size=2)
+    rows, cols = np.indices((size, size))
+    offset_rows, offset_cols = rows - centre[0], cols - centre[1]
+    along = offset_rows * direction[0] + offset_cols * direction[1]
+    across = offset_rows * direction[1] - offset_cols * direction[0]
+    return (np.abs(along) <= half_length) & (np.abs(across) <= half_width)
+
+
+# ----------------------------------------------------------------------------- fallback
+
+
+def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
+    """Fixed minimal layout: spawn in the top-left corner, targets along the bottom rows.
+
+    Needs size - (2 * clearance + 1) >= _FALLBACK_ROWS, which check_generation_args enforces.
+    """
+    spawn = (clearance, clearance)
+    reserved = _square_mask(size, spawn, clearance)
+    dig = np.zeros((size, size), bool)
+    dumpable = np.ones((size, size), bool)
+    if type_name == "foundations":
+        dig[size - 4 : size - 2, size - 4 : size - 2] = True
+        dump = _dump_band(dig, reserved, max_width=1)
+        assert dump is not None
+    else:
+        dig[size - 2, 1:-1] = True
+        dump = np.zeros_like(dig)
+        dumpable[size - 5 : size - 3, 1:3] = False  # every trench map has a no-dump patch
+    target = np.where(dig, DIG_TILE, np.where(dump, DUMP_TILE, FREE_TILE)).astype(np.int8)
+    return _Layout(target, np.zeros((size, size), bool), dumpable, spawn)
+
+
+_BUILDERS: dict[str, _Builder] = {"foundations": _build_foundations, "trenches": _build_trenches}
+
+
+# ----------------------------------------------------------------------------- grid helpers
+
+
+def _square_mask(size: int, centre: tuple[int, int], half_size: int) -> np.ndarray:
+    """bool [N, N], True on the square of half-size `half_size` around centre (clipped)."""
+    mask = np.zeros((size, size), bool)
+    row, col = centre
+    rows = slice(max(row - half_size, 0), row + half_size + 1)
+    cols = slice(max(col - half_size, 0), col + half_size + 1)
+    mask[rows, cols] = True
+    return mask
+
+
+def _dilate(mask: np.ndarray, radius: int) -> np.ndarray:
+    """Chebyshev dilation: True within `radius` tiles (8-neighbourhood) of mask. bool [N, N]."""
+    if radius <= 0:
+        return mask.copy()
+    window = 2 * radius + 1
+    padded = np.pad(mask, radius)
+    rows = sliding_window_view(padded, window, axis=0).any(axis=-1)
+    return sliding_window_view(rows, window, axis=1).any(axis=-1)
+
+
+def _chebyshev_distance(mask: np.ndarray, max_distance: int) -> np.ndarray:
+    """int32 [N, N]: Chebyshev distance to the nearest True tile, capped at max_distance + 1."""
+    distance = np.full(mask.shape, max_distance + 1, np.int32)
+    distance[mask] = 0
+    reached = mask
+    for step in range(1, max_distance + 1):
+        reached = _dilate(reached, 1)
+        distance[reached & (distance > step)] = step
+    return distance
+
+
+def _window_sums(mask: np.ndarray, height: int, width: int) -> np.ndarray:
+    """int [N - height + 1, N - width + 1]: True count in each height x width window."""
+    integral = np.zeros((mask.shape[0] + 1, mask.shape[1] + 1), np.int32)
+    integral[1:, 1:] = mask.cumsum(axis=0).cumsum(axis=1)
+    return (
+        integral[height:, width:]
+        - integral[:-height, width:]
+        - integral[height:, :-width]
+        + integral[:-height, :-width]
+    )
+
+
+def _free_window_origins(blocked: np.ndarray, height: int, width: int) -> np.ndarray:
+    """int [K, 2]: top-left (row, col) of every height x width window with no blocked tile."""
+    if height > blocked.shape[0] or width > blocked.shape[1]:
+        return np.zeros((0, 2), np.int64)
+    return np.argwhere(_window_sums(blocked, height, width) == 0)
+
+
+def _clear_square_centres(blocked: np.ndarray, half_size: int) -> np.ndarray:
+    """int [K, 2]: centres of every in-map square of half-size `half_size` with no blocked tile."""
+    side = 2 * half_size + 1
+    return _free_window_origins(blocked, side, side) + half_size
+
+
+def _join(values: Sequence[object]) -> str:
+    return ", ".join(str(v) for v in values)

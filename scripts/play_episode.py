@@ -1,0 +1,149 @@
+"""Play one episode with a policy and save it as an animated GIF.
+
+Example:
+    python scripts/play_episode.py --policy random --out episode.gif --map-size 32 \\
+        --map-type foundations --agent-type tracked --max-steps 200
+
+The random policy samples uniformly among the actions `obs["action_mask"]` allows, so the
+agent digs and dumps instead of bumping into things. Colours: see `envs/render.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installation
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from envs import actions as A  # noqa: E402
+from envs.config import VALID_MAP_SIZES, CurriculumConfig, EnvConfig  # noqa: E402
+from envs.dataset import DatasetError  # noqa: E402
+from envs.env import ExcavationEnv  # noqa: E402
+from envs.maps import MAP_TYPES  # noqa: E402
+from envs.params import make_env_params  # noqa: E402
+from envs.render import render_frame_with_status  # noqa: E402
+
+POLICIES = ("random",)
+AGENT_TYPES = {"tracked": A.TRACKED, "wheeled": A.WHEELED}
+GENERATED_MAPS = 8
+PROGRESS_EVERY = 50
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Report bad arguments as a single stderr line (no usage dump), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineErrorParser(
+        prog="play_episode.py", description="Play one episode and save it as a GIF."
+    )
+    parser.add_argument("--policy", default="random", help="only 'random' for now")
+    parser.add_argument("--out", required=True, type=Path, help="output .gif path")
+    parser.add_argument("--map-size", type=int, default=32, choices=VALID_MAP_SIZES)
+    parser.add_argument("--map-type", default="foundations", choices=MAP_TYPES)
+    parser.add_argument("--agent-type", default="tracked", choices=tuple(AGENT_TYPES))
+    parser.add_argument("--max-steps", type=int, default=200, help="episode length limit")
+    parser.add_argument("--seed", type=int, default=0, help="map, spawn and policy seed")
+    parser.add_argument("--tile-pixels", type=int, default=8, help="pixels per map tile")
+    parser.add_argument("--fps", type=float, default=10.0, help="GIF frames per second")
+    parser.add_argument(
+        "--dataset-path",
+        default=None,
+        help="map dataset directory (default: $DATASET_PATH, else generated maps)",
+    )
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.policy not in POLICIES:
+        parser.error(
+            f"unknown --policy {args.policy!r}: only 'random' is available; "
+            "a trained-checkpoint policy arrives with the trainer"
+        )
+    for name in ("max_steps", "tile_pixels"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.fps <= 0:
+        parser.error("--fps must be > 0")
+
+
+def random_action(rng: np.random.Generator, action_mask: np.ndarray) -> int:
+    """Uniform over the allowed actions of a bool [NUM_ACTIONS] mask."""
+    return int(rng.choice(np.flatnonzero(action_mask)))
+
+
+def save_gif(frames: list[np.ndarray], path: Path, fps: float) -> None:
+    images = [Image.fromarray(frame) for frame in frames]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(
+        path,
+        save_all=True,
+        append_images=images[1:],
+        duration=max(1, round(1000 / fps)),
+        loop=0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+
+    # A one-level curriculum makes reset draw only maps of --map-type, from a mixed dataset too.
+    config = EnvConfig(
+        map_size=args.map_size,
+        max_steps=args.max_steps,
+        curriculum=CurriculumConfig(levels=(args.map_type,)),
+    )
+    try:
+        params = make_env_params(
+            config,
+            map_types=(args.map_type,),
+            num_maps=GENERATED_MAPS,
+            seed=args.seed,
+            dataset_path=args.dataset_path,
+        )
+    except DatasetError as error:
+        parser.error(str(error))
+    env = ExcavationEnv(config)
+    reset = jax.jit(env.reset)
+    step = jax.jit(env.step_no_reset)
+
+    key_reset, key_step = jax.random.split(jax.random.key(args.seed))
+    rng = np.random.default_rng(args.seed)
+    obs, state = reset(key_reset, params, AGENT_TYPES[args.agent_type])
+    frames = [render_frame_with_status(env, state, args.tile_pixels)]
+    episode_return, steps, task_done = 0.0, 0, False
+    while steps < args.max_steps:
+        action = random_action(rng, np.asarray(obs["action_mask"]))
+        key_step, key = jax.random.split(key_step)
+        obs, state, reward, terminated, truncated, _ = step(key, state, action, params)
+        steps += 1
+        episode_return += float(reward)
+        frames.append(render_frame_with_status(env, state, args.tile_pixels))
+        if len(frames) % PROGRESS_EVERY == 0:
+            print(f"rendered {len(frames)} frames", flush=True)
+        task_done = bool(terminated)
+        if task_done or bool(truncated):
+            break
+
+    save_gif(frames, args.out, args.fps)
+    progress = float(env.episode_progress(state))
+    print(
+        f"steps={steps} return={episode_return:.3f} "
+        f"outcome={'task done' if task_done else 'timeout'} progress={progress:.1%} "
+        f"frames={len(frames)} out={args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

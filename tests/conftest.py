@@ -1,0 +1,50 @@
+"""Shared fixtures. Compiled functions are session-scoped: on a 2-core CPU, XLA compiles
+dominate test time, so every test reuses one of two shape families (16x16 and 32x32)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import pytest
+
+# A persistent compilation cache outside the repo makes reruns cheap.
+_CACHE_DIR = os.environ.get(
+    "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")
+)
+jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+from envs import BatchEnv, EnvConfig, ExcavationEnv, make_env_params  # noqa: E402
+
+SMALL_NUM_ENVS = 16
+
+
+@pytest.fixture(scope="session")
+def env16():
+    """Mixed tracked/wheeled env on 16x16 maps, short episodes."""
+    return ExcavationEnv(EnvConfig(map_size=16, max_steps=40, wheeled_fraction=0.5))
+
+
+@pytest.fixture(scope="session")
+def params16(env16):
+    return make_env_params(
+        env16.config, map_types=("foundations", "trenches"), num_maps=32, seed=1
+    )
+
+
+@pytest.fixture(scope="session")
+def batch16(env16, params16):
+    return BatchEnv(env16, params16, SMALL_NUM_ENVS)
+
+
+@pytest.fixture(scope="session")
+def env32():
+    return ExcavationEnv(EnvConfig(map_size=32, max_steps=60))
+
+
+@pytest.fixture(scope="session")
+def step32(env32):
+    """Jitted single-env step on 32x32 maps (the hand-built-state family)."""
+    return jax.jit(env32.step_no_reset)

@@ -1,0 +1,164 @@
+"""BatchEnv: fast reset equals the unconditional reference, final observations, staggered
+ages, valid spawns, no host callbacks; map pools from datasets and the curriculum."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from footprints import footprint_is_free
+
+from envs import BatchEnv, CurriculumConfig, EnvConfig, ExcavationEnv, make_env_params
+from envs import actions as A
+from envs.dataset import DatasetError, save_map_dataset
+from envs.maps import MAP_TYPES, MapSet, generate_maps
+from envs.params import params_from_maps
+
+
+@pytest.fixture(scope="session")
+def batch_fns(batch16):
+    return {
+        "reset": jax.jit(batch16.reset),
+        "step": jax.jit(batch16.step),
+        "reference": jax.jit(batch16.step_reference),
+        "step_no_reset": jax.jit(jax.vmap(batch16.env.step_no_reset, in_axes=(0, 0, 0, None))),
+    }
+
+
+def _state_with_ages(batch16, batch_fns, params16, ages):
+    obs, state = batch_fns["reset"](jax.random.PRNGKey(3), params16)
+    return state.replace(age=jnp.asarray(ages, jnp.int32))
+
+
+@pytest.mark.parametrize("scenario", ["no_done", "partial_done", "all_done"])
+def test_fast_reset_equals_reference_path(batch16, batch_fns, params16, scenario):
+    num_envs, last = batch16.num_envs, batch16.env.config.max_steps - 1
+    ages = {"no_done": np.zeros(num_envs), "all_done": np.full(num_envs, last),
+            "partial_done": np.where(np.arange(num_envs) % 2 == 0, last, 0)}[scenario]
+    state = _state_with_ages(batch16, batch_fns, params16, ages)
+    actions = jnp.full((num_envs,), A.DO_NOTHING, jnp.int32)
+    key = jax.random.PRNGKey(11)
+    fast = batch_fns["step"](key, state, actions, params16)
+    reference = batch_fns["reference"](key, state, actions, params16)
+    jax.tree.map(np.testing.assert_array_equal, fast, reference)
+    done = np.asarray(fast[3] | fast[4])
+    np.testing.assert_array_equal(done, ages == last)
+
+    # final_observation is the pre-reset observation of every env.
+    step_keys = jax.random.split(jax.random.split(key)[0], num_envs)
+    pre_reset_obs, *_ = batch_fns["step_no_reset"](step_keys, state, actions, params16)
+    jax.tree.map(np.testing.assert_array_equal, fast[5]["final_observation"], pre_reset_obs)
+    new_state = fast[1]
+    np.testing.assert_array_equal(np.asarray(new_state.age), np.where(done, 0, ages + 1))
+    np.testing.assert_array_equal(np.asarray(new_state.agent.agent_type), batch16.agent_types)
+    for name, value in fast[0].items():
+        kept = np.asarray(value)[~done]
+        np.testing.assert_array_equal(kept, np.asarray(pre_reset_obs[name])[~done], name)
+    if done.any():
+        reset_last_actions = np.asarray(fast[0]["last_actions"])[done]
+        assert (reset_last_actions == A.NO_ACTION).all()
+        assert (np.asarray(fast[5]["final_observation"]["last_actions"])[done, 0]
+                == A.DO_NOTHING).all()
+
+
+def test_timeouts_are_truncations_without_terminal_bonus(batch16, batch_fns, params16):
+    last = batch16.env.config.max_steps - 1
+    state = _state_with_ages(batch16, batch_fns, params16, np.full(batch16.num_envs, last))
+    actions = jnp.full((batch16.num_envs,), A.DO_NOTHING, jnp.int32)
+    _, _, reward, terminated, truncated, info = batch_fns["step"](
+        jax.random.PRNGKey(0), state, actions, params16)
+    assert np.asarray(truncated).all() and not np.asarray(terminated).any()
+    assert (np.asarray(info["reward_terms"]["terminal_success"]) == 0).all()
+
+
+def test_staggered_ages_spread_over_the_episode(env16, params16):
+    batch = BatchEnv(env16, params16, 256)
+    _, state = jax.jit(batch.reset)(jax.random.PRNGKey(5), params16)
+    ages = np.asarray(state.age)
+    max_steps = env16.config.max_steps
+    assert ages.min() >= 0 and ages.max() < max_steps
+    counts = np.bincount(ages, minlength=max_steps)
+    assert (counts > 0).sum() >= 0.9 * max_steps  # 256 draws over 40 ages
+    quarters = counts.reshape(4, -1).sum(axis=1)
+    assert quarters.min() > 256 / 4 * 0.6
+    assert (np.asarray(state.agent.agent_type) == A.WHEELED).sum() == 128
+
+
+def test_reset_spawns_valid_poses(env16, params16):
+    keys = jax.random.split(jax.random.PRNGKey(9), 256)
+    _, states = jax.jit(jax.vmap(env16.reset, in_axes=(0, None)))(keys, params16)
+    cfg = env16.config
+    for pos, heading, target, obstacles in zip(
+        np.asarray(states.agent.pos), np.asarray(states.agent.base_heading),
+        np.asarray(states.target_map), np.asarray(states.obstacles), strict=True,
+    ):
+        blocked = (obstacles == 1) | (target != 0)
+        assert footprint_is_free(cfg.footprint_length, cfg.footprint_width, pos, heading, blocked)
+
+
+def test_spawn_falls_back_to_the_guaranteed_square(env16):
+    """Only the 7x7 spawn square is free: random candidates nearly always fail."""
+    obstacles = np.ones((1, 16, 16), np.int8)
+    obstacles[0, 5:12, 5:12] = 0
+    target = np.zeros((1, 16, 16), np.int8)
+    obstacles[0, 1, 1], target[0, 1, 1] = 0, -1
+    maps = MapSet(target, obstacles, 1 - obstacles, np.zeros(1, np.int8),
+                  np.array([[8, 8]], np.int32))
+    params = params_from_maps(maps)
+    keys = jax.random.split(jax.random.PRNGKey(1), 64)
+    _, states = jax.jit(jax.vmap(env16.reset, in_axes=(0, None)))(keys, params)
+    cfg = env16.config
+    for pos, heading in zip(np.asarray(states.agent.pos), np.asarray(states.agent.base_heading),
+                            strict=True):
+        assert footprint_is_free(cfg.footprint_length, cfg.footprint_width, pos, heading,
+                                 (obstacles[0] == 1) | (target[0] != 0))
+
+
+def test_batch_step_has_no_host_callbacks_and_one_unbatched_cond(batch16, batch_fns, params16):
+    _, state = batch_fns["reset"](jax.random.PRNGKey(0), params16)
+    actions = jnp.zeros((batch16.num_envs,), jnp.int32)
+    jaxpr = jax.make_jaxpr(batch16.step)(jax.random.PRNGKey(0), state, actions, params16)
+    text = str(jaxpr)
+    assert "callback" not in text
+    top_level = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
+    assert top_level.count("cond") == 1  # the reset branch, guarded by jnp.any(done)
+
+
+def test_dataset_pool_and_environment_variables(tmp_path, monkeypatch, env16):
+    maps = generate_maps(("trenches",), 16, 12, seed=4, spawn_clearance=3)
+    save_map_dataset(maps, tmp_path / "ds", seed=4, types=("trenches",), spawn_clearance=3)
+    params = make_env_params(env16.config, dataset_path=tmp_path / "ds", dataset_size=5)
+    assert params.num_maps == 5
+    np.testing.assert_array_equal(np.asarray(params.target_map), maps.target_map[:5])
+    monkeypatch.setenv("DATASET_PATH", str(tmp_path / "ds"))
+    monkeypatch.setenv("DATASET_SIZE", "7")
+    assert make_env_params(env16.config).num_maps == 7
+    monkeypatch.setenv("DATASET_SIZE", "seven")
+    with pytest.raises(DatasetError, match="DATASET_SIZE must be an integer"):
+        make_env_params(env16.config)
+    monkeypatch.delenv("DATASET_SIZE")
+    with pytest.raises(DatasetError, match="16x16 but the env expects 32x32"):
+        make_env_params(EnvConfig(map_size=32), dataset_path=tmp_path / "ds")
+
+
+def test_curriculum_promotes_demotes_and_samples_its_level(params16):
+    env = ExcavationEnv(EnvConfig(map_size=16, curriculum=CurriculumConfig(
+        levels=("foundations", "trenches"), promote_after=2, demote_after=3)))
+    zero = jnp.zeros((), jnp.int32)
+    from envs.state import CurriculumState
+
+    state = CurriculumState(zero, zero, zero)
+    levels = []
+    for success, timeout in [(1, 0), (1, 0), (0, 0), (0, 1), (0, 1), (0, 1), (1, 0)]:
+        state = env.update_curriculum(state, jnp.bool_(success), jnp.bool_(timeout))
+        levels.append(int(state.level))
+    assert levels == [0, 1, 1, 1, 1, 0, 0]
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 64)
+    reset = jax.jit(jax.vmap(env.reset_episode, in_axes=(0, None, None, None)))
+    for level, name in enumerate(("foundations", "trenches")):
+        curriculum = CurriculumState(jnp.int32(level), zero, zero)
+        _, states = reset(keys, params16, jnp.int32(A.TRACKED), curriculum)
+        map_types = np.asarray(params16.map_type)[np.asarray(states.map_index)]
+        assert (map_types == MAP_TYPES.index(name)).all()
