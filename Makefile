@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-# Until the PPO trainer lands, `make train` runs the environment demo: one episode of a
-# masked random policy on a procedural 32x32 map, written as a GIF.
+# Until the PPO trainer lands, `make train` runs the environment demo: one episode of the
+# scripted `eager` policy on a procedural 32x32 map, written as a GIF.
 train: $(STAMP)
-	$(PY) scripts/play_episode.py --policy random --map-size 32 --max-steps 200 --out $(DEMO_OUT)
+	$(PY) scripts/play_episode.py --policy eager --map-size 32 --max-steps 300 --seed 2 --out $(DEMO_OUT)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: $(STAMP) lint

@@ -3,8 +3,11 @@
 Fast path (`step`): every env runs `step_no_reset`; only when some env finished does the
 reset branch run, under a `lax.cond` whose predicate is one unbatched `jnp.any(done)`.
 (A `cond` on a batched predicate under `vmap` lowers to a `select` that runs both
-branches every step.) `step_reference` resets unconditionally and selects; the two paths
-give identical results on the same keys, which the parity tests check.
+branches every step.) Inside it, when at most `max_partial_resets` envs finished (the usual
+case with staggered ages: about num_envs / max_steps per step), only those envs are
+gathered, reset and scattered back; more than that resets the whole batch.
+`step_reference` resets every env unconditionally and selects. Each env's reset key is the
+same on every path, so all paths give identical results, which the parity tests check.
 """
 
 from __future__ import annotations
@@ -26,12 +29,21 @@ class BatchEnv:
     explicitly as a traced argument, or the whole map pool is baked into the program.
     """
 
-    def __init__(self, env: ExcavationEnv, params: EnvParams, num_envs: int):
+    def __init__(
+        self,
+        env: ExcavationEnv,
+        params: EnvParams,
+        num_envs: int,
+        max_partial_resets: int | None = None,
+    ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.env = env
         self.params = params
         self.num_envs = num_envs
+        if max_partial_resets is None:
+            max_partial_resets = max(1, -(-num_envs // 32))
+        self.max_partial_resets = min(max_partial_resets, num_envs)
         num_wheeled = int(round(env.config.wheeled_fraction * num_envs))
         types = np.full((num_envs,), A.TRACKED, np.int32)
         types[num_envs - num_wheeled :] = A.WHEELED
@@ -80,16 +92,38 @@ class BatchEnv:
         )(step_keys, state, actions, params)
         done = terminated | truncated
 
-        def reset_done(operands):
+        reset_keys = jax.random.split(key_reset, self.num_envs)
+        reset_envs = jax.vmap(self.env.reset_episode, in_axes=(0, None, 0, 0))
+
+        def reset_all(operands):
             obs, next_state = operands
-            reset_keys = jax.random.split(key_reset, self.num_envs)
-            reset_obs, reset_state = jax.vmap(self.env.reset_episode, in_axes=(0, None, 0, 0))(
+            reset_obs, reset_state = reset_envs(
                 reset_keys, params, next_state.agent.agent_type, next_state.curriculum
             )
             return select_where(done, reset_obs, obs), select_where(done, reset_state, next_state)
 
+        def reset_few(operands):
+            obs, next_state = operands
+            # Indices of the done envs, padded with num_envs (out of range: dropped on write).
+            (index,) = jnp.nonzero(done, size=self.max_partial_resets, fill_value=self.num_envs)
+            gather = jnp.minimum(index, self.num_envs - 1)
+            reset_obs, reset_state = reset_envs(
+                reset_keys[gather],
+                params,
+                next_state.agent.agent_type[gather],
+                jax.tree.map(lambda x: x[gather], next_state.curriculum),
+            )
+            scatter = lambda full, part: full.at[index].set(part, mode="drop")  # noqa: E731
+            return jax.tree.map(scatter, obs, reset_obs), jax.tree.map(
+                scatter, next_state, reset_state
+            )
+
+        def reset_done(operands):
+            few = jnp.sum(done) <= self.max_partial_resets
+            return jax.lax.cond(few, reset_few, reset_all, operands)
+
         if reset_always:
-            new_obs, new_state = reset_done((obs, next_state))
+            new_obs, new_state = reset_all((obs, next_state))
         else:
             new_obs, new_state = jax.lax.cond(
                 jnp.any(done), reset_done, lambda x: x, (obs, next_state)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import actions as A
+from envs import excavation
 from envs import geometry as geo
 from envs.config import EnvConfig
 from envs.maps import MAP_TYPES
@@ -208,7 +209,8 @@ class ExcavationEnv:
         blocked_by_load = is_base_action & is_loaded
 
         # DO from the pre-step pose (a DO never moves the base).
-        dig = self._dig_or_dump(agent, window, w_target, w_action, w_obstacles, w_dump)
+        workspace = self._workspace(agent, window, w_obstacles)
+        dig = excavation.dig_and_dump(workspace, w_target, w_action, w_dump, agent.loaded)
         is_do = action == A.DO
         digging = is_do & ~is_loaded
         dumping = is_do & is_loaded
@@ -327,53 +329,14 @@ class ExcavationEnv:
         on_map = geo.footprint_in_map(self._extents, pos + delta, heading, self.config.map_size)
         return on_map & ~jnp.any(covered & ~traversable)
 
-    def _workspace(self, agent: AgentState, window, w_obstacles) -> jax.Array:
-        """bool [W, W]: tiles the arm reaches, minus the agent's own footprint and obstacles."""
-        arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
-        sector = geo.sector_masks(self.config, window, arm)
+    def _workspace(self, agent: AgentState, window, w_obstacles, arm_sector=None) -> jax.Array:
+        """bool [W, W]: tiles the arm reaches, minus the agent's own footprint and obstacles.
+        `arm_sector` may pass the sector at the arm heading when it is already computed."""
+        if arm_sector is None:
+            arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
+            arm_sector = geo.sector_masks(self.config, window, arm)
         under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
-        return sector & ~under_agent & (w_obstacles == 0)
-
-    def _dig_or_dump(self, agent, window, w_target, w_action, w_obstacles, w_dump) -> dict:
-        """Both DO outcomes on the window; the caller selects by whether the agent is loaded.
-
-        Dig (empty bucket): if any dumped soil is in reach, every such tile gives one unit;
-        otherwise every undug -1 target tile in reach is dug one level. Dump (loaded): the
-        load is split over dumpable untouched tiles in reach, dump zones first; integer
-        shares (remainder one unit each, in row-major order) so soil is conserved exactly.
-        """
-        workspace = self._workspace(agent, window, w_obstacles)
-        soil_tiles = workspace & (w_action > 0)
-        picked_up = jnp.any(soil_tiles)
-        dig_tiles = workspace & (w_target == -1) & (w_action == 0)
-        lowered = jnp.where(picked_up, soil_tiles, dig_tiles)
-        dig_action = w_action - lowered.astype(jnp.int8)
-        # Tiles next to newly dug ground can no longer take soil.
-        newly_dug = (lowered & ~picked_up).astype(jnp.int8)
-        near_dug = jax.lax.reduce_window(
-            newly_dug, jnp.int8(0), jax.lax.max, (3, 3), (1, 1), "SAME"
-        )
-        on_zone = w_target == 1
-
-        dumpable = workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1)
-        zone_dumpable = dumpable & on_zone
-        dest = jnp.where(jnp.any(zone_dumpable), zone_dumpable, dumpable)
-        num_dest = jnp.sum(dest, dtype=jnp.int32)
-        safe_num = jnp.maximum(num_dest, 1)
-        rank = (jnp.cumsum(dest.ravel().astype(jnp.int32)) - 1).reshape(dest.shape)
-        share = agent.loaded // safe_num + (rank < agent.loaded % safe_num)
-        share = jnp.where(dest, share, 0).astype(jnp.int32)
-        return {
-            "dig_action": dig_action,
-            "dig_dumpability": jnp.where(near_dug > 0, jnp.int8(0), w_dump),
-            "dig_units": jnp.sum(lowered, dtype=jnp.int32),
-            "picked_up": picked_up,
-            "pickup_on_zone": jnp.sum(lowered & picked_up & on_zone, dtype=jnp.int32),
-            "pickup_outside_zone": jnp.sum(lowered & picked_up & ~on_zone, dtype=jnp.int32),
-            "dump_action": (w_action + share).astype(jnp.int8),
-            "dump_units": jnp.sum(share),
-            "dump_on_zone": jnp.sum(jnp.where(on_zone, share, 0)),
-        }
+        return arm_sector & ~under_agent & (w_obstacles == 0)
 
     def update_curriculum(self, curriculum: CurriculumState, success, timeout):
         spec = self.config.curriculum
@@ -481,10 +444,12 @@ class ExcavationEnv:
         wheels_ok = jnp.stack([agent.wheel_angle < limit, agent.wheel_angle > -limit])
         turns_ok = jnp.where(is_wheeled, wheels_ok, base_ok[2:])
 
-        under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
-        workspace = arm_sector & ~under_agent & (w_obstacles == 0)
-        can_dig = jnp.any(workspace & ((w_action > 0) | ((w_target == -1) & (w_action == 0))))
-        can_dump = jnp.any(workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1))
+        workspace = self._workspace(agent, window, w_obstacles, arm_sector)
+        can_dig = jnp.any(
+            excavation.soil_in_reach(workspace, w_action)
+            | excavation.diggable(workspace, w_target, w_action)
+        )
+        can_dump = jnp.any(excavation.dumpable(workspace, w_target, w_action, w_dump))
         do_ok = jnp.where(is_loaded, can_dump, can_dig)
         true = jnp.ones((), bool)
         return jnp.stack(

@@ -4,8 +4,14 @@ Example:
     python scripts/play_episode.py --policy random --out episode.gif --map-size 32 \\
         --map-type foundations --agent-type tracked --max-steps 200
 
-The random policy samples uniformly among the actions `obs["action_mask"]` allows, so the
-agent digs and dumps instead of bumping into things. Colours: see `envs/render.py`.
+Policies (both restricted to the actions `obs["action_mask"]` allows, so the agent does not
+bump into things):
+  random  uniform over the allowed actions
+  eager   DO whenever it is allowed (dig when empty, dump when loaded); else turn the cabin
+          towards the nearest arm heading whose local map shows work (dig targets or soil
+          when empty, dump zones when loaded); else random. A scripted baseline that
+          shows digging and dumping
+A trained checkpoint's policy arrives with the trainer. Colours: see `envs/render.py`.
 """
 
 from __future__ import annotations
@@ -23,12 +29,12 @@ from PIL import Image  # noqa: E402
 from envs import actions as A  # noqa: E402
 from envs.config import VALID_MAP_SIZES, CurriculumConfig, EnvConfig  # noqa: E402
 from envs.dataset import DatasetError  # noqa: E402
-from envs.env import ExcavationEnv  # noqa: E402
+from envs.env import LOCAL_LAYER_NAMES, ExcavationEnv  # noqa: E402
 from envs.maps import MAP_TYPES  # noqa: E402
 from envs.params import make_env_params  # noqa: E402
 from envs.render import render_frame_with_status  # noqa: E402
 
-POLICIES = ("random",)
+POLICIES = ("random", "eager")
 AGENT_TYPES = {"tracked": A.TRACKED, "wheeled": A.WHEELED}
 GENERATED_MAPS = 8
 PROGRESS_EVERY = 50
@@ -45,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(
         prog="play_episode.py", description="Play one episode and save it as a GIF."
     )
-    parser.add_argument("--policy", default="random", help="only 'random' for now")
+    parser.add_argument(
+        "--policy", default="random", help=f"one of {', '.join(POLICIES)} (see the docstring)"
+    )
     parser.add_argument("--out", required=True, type=Path, help="output .gif path")
     parser.add_argument("--map-size", type=int, default=32, choices=VALID_MAP_SIZES)
     parser.add_argument("--map-type", default="foundations", choices=MAP_TYPES)
@@ -65,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.policy not in POLICIES:
         parser.error(
-            f"unknown --policy {args.policy!r}: only 'random' is available; "
+            f"unknown --policy {args.policy!r}: choose one of {', '.join(POLICIES)}; "
             "a trained-checkpoint policy arrives with the trainer"
         )
     for name in ("max_steps", "tile_pixels"):
@@ -78,6 +86,28 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 def random_action(rng: np.random.Generator, action_mask: np.ndarray) -> int:
     """Uniform over the allowed actions of a bool [NUM_ACTIONS] mask."""
     return int(rng.choice(np.flatnonzero(action_mask)))
+
+
+def eager_action(rng: np.random.Generator, obs: dict) -> int:
+    """DO where the arm points at the right work, else turn the cabin towards it (seen in
+    `local_maps`), else random. Loaded, the right work is a dump zone (or any dumpable tile
+    on maps without zones); empty, it is an undug target."""
+    action_mask = np.asarray(obs["action_mask"])
+    local_maps = np.asarray(obs["local_maps"]).astype(np.int64)  # [12 arm headings, layers]
+    layer = {name: i for i, name in enumerate(LOCAL_LAYER_NAMES)}
+    if int(obs["agent_state"][5]) > 0:
+        work = local_maps[:, layer["dump_zone"]] - local_maps[:, layer["dumped"]]
+        if not np.any(np.asarray(obs["target_map"]) == 1):
+            work = local_maps[:, layer["dumpable"]]
+    else:
+        work = local_maps[:, layer["dig_target"]] - local_maps[:, layer["dug"]]
+    if work[0] > 0 and action_mask[A.DO]:
+        return A.DO
+    headings = np.flatnonzero(work[1:] > 0) + 1
+    if len(headings) == 0:
+        return random_action(rng, action_mask)
+    nearest = headings[np.argmin(np.minimum(headings, 12 - headings))]
+    return A.CABIN_ANTICLOCK if nearest <= 6 else A.CABIN_CLOCK
 
 
 def save_gif(frames: list[np.ndarray], path: Path, fps: float) -> None:
@@ -123,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     frames = [render_frame_with_status(env, state, args.tile_pixels)]
     episode_return, steps, task_done = 0.0, 0, False
     while steps < args.max_steps:
-        action = random_action(rng, np.asarray(obs["action_mask"]))
+        if args.policy == "eager":
+            action = eager_action(rng, obs)
+        else:
+            action = random_action(rng, np.asarray(obs["action_mask"]))
         key_step, key = jax.random.split(key_step)
         obs, state, reward, terminated, truncated, _ = step(key, state, action, params)
         steps += 1

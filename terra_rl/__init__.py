@@ -1,0 +1,1 @@
+"""terra_rl: the PPO trainer library (arrives with the trainer issue); benchmark helpers."""

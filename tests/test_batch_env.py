@@ -31,10 +31,14 @@ def _state_with_ages(batch16, batch_fns, params16, ages):
     return state.replace(age=jnp.asarray(ages, jnp.int32))
 
 
-@pytest.mark.parametrize("scenario", ["no_done", "partial_done", "all_done"])
+@pytest.mark.parametrize("scenario", ["no_done", "one_done", "partial_done", "all_done"])
 def test_fast_reset_equals_reference_path(batch16, batch_fns, params16, scenario):
+    """one_done takes the gather/reset/scatter branch (max_partial_resets is 1 at 16 envs);
+    partial_done and all_done take the whole-batch reset branch."""
     num_envs, last = batch16.num_envs, batch16.env.config.max_steps - 1
+    assert batch16.max_partial_resets == 1
     ages = {"no_done": np.zeros(num_envs), "all_done": np.full(num_envs, last),
+            "one_done": np.where(np.arange(num_envs) == 5, last, 0),
             "partial_done": np.where(np.arange(num_envs) % 2 == 0, last, 0)}[scenario]
     state = _state_with_ages(batch16, batch_fns, params16, ages)
     actions = jnp.full((num_envs,), A.DO_NOTHING, jnp.int32)
@@ -123,6 +127,8 @@ def test_batch_step_has_no_host_callbacks_and_one_unbatched_cond(batch16, batch_
     assert "callback" not in text
     top_level = [eqn.primitive.name for eqn in jaxpr.jaxpr.eqns]
     assert top_level.count("cond") == 1  # the reset branch, guarded by jnp.any(done)
+    (reset_cond,) = [eqn for eqn in jaxpr.jaxpr.eqns if eqn.primitive.name == "cond"]
+    assert reset_cond.invars[0].aval.shape == ()  # one unbatched predicate
 
 
 def test_dataset_pool_and_environment_variables(tmp_path, monkeypatch, env16):

@@ -284,3 +284,27 @@ def test_last_actions_shift_most_recent_first(env32, step32):
     np.testing.assert_array_equal(
         np.asarray(obs["last_actions"]),
         [A.CABIN_ANTICLOCK, A.DO_NOTHING, A.CABIN_CLOCK, A.NO_ACTION, A.NO_ACTION])
+
+
+@pytest.mark.parametrize(
+    ("case", "expected_done"),
+    [("complete", True), ("undug_tile", False), ("soil_off_zone", False), ("loaded", False)],
+)
+def test_task_done_is_the_conjunction_of_its_conditions(env32, step32, case, expected_done):
+    target = np.zeros((N, N), np.int8)
+    target[2, 2:6] = -1
+    target[28, 2:6] = 1
+    action_map = np.zeros((N, N), np.int8)
+    action_map[2, 2:6] = -1
+    action_map[28, 2:6] = 1
+    loaded = 0
+    if case == "undug_tile":
+        action_map[2, 5], action_map[28, 5] = 0, 0
+    elif case == "soil_off_zone":
+        action_map[28, 5], action_map[20, 5] = 0, 1
+    elif case == "loaded":
+        action_map[28, 5], loaded = 0, 1
+    state = build(env32, target=target, action_map=action_map, loaded=loaded)
+    _, _, _, terminated, truncated, info = step(step32, state, A.DO_NOTHING)
+    assert terminated == expected_done and not truncated
+    assert term(info, "terminal_success", env32) == (100.0 if expected_done else 0.0)

@@ -1,0 +1,58 @@
+"""The DO action on a `[W, W]` window: which tiles can be dug or dumped on, and both
+outcomes (dig and dump), computed together so the step selects one without branching."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def soil_in_reach(workspace, w_action) -> jax.Array:
+    """bool [W, W]: workspace tiles holding dumped soil (picked up before any digging)."""
+    return workspace & (w_action > 0)
+
+
+def diggable(workspace, w_target, w_action) -> jax.Array:
+    """bool [W, W]: undug dig-target tiles in the workspace (digging goes one level)."""
+    return workspace & (w_target == -1) & (w_action == 0)
+
+
+def dumpable(workspace, w_target, w_action, w_dump) -> jax.Array:
+    """bool [W, W]: untouched, dumpable tiles of the workspace that are not to be dug."""
+    return workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1)
+
+
+def dig_and_dump(workspace, w_target, w_action, w_dump, loaded) -> dict[str, jax.Array]:
+    """Both DO outcomes; the caller selects by whether the bucket is loaded.
+
+    workspace bool [W, W] (arm sector minus footprint and obstacles); w_* int8 [W, W];
+    loaded int32 []. Dig (empty bucket): if any dumped soil is in reach, every such tile
+    gives one unit; otherwise every diggable tile is dug one level. Dump (loaded): the load
+    is split over dumpable tiles, dump zones first, in integer shares (the remainder one
+    unit each, row-major order), so soil is conserved exactly.
+    """
+    soil = soil_in_reach(workspace, w_action)
+    picked_up = jnp.any(soil)
+    lowered = jnp.where(picked_up, soil, diggable(workspace, w_target, w_action))
+    # Tiles next to newly dug ground can no longer take soil.
+    newly_dug = (lowered & ~picked_up).astype(jnp.int8)
+    near_dug = jax.lax.reduce_window(newly_dug, jnp.int8(0), jax.lax.max, (3, 3), (1, 1), "SAME")
+    on_zone = w_target == 1
+
+    allowed = dumpable(workspace, w_target, w_action, w_dump)
+    zone_allowed = allowed & on_zone
+    dest = jnp.where(jnp.any(zone_allowed), zone_allowed, allowed)
+    num_dest = jnp.maximum(jnp.sum(dest, dtype=jnp.int32), 1)
+    rank = (jnp.cumsum(dest.ravel().astype(jnp.int32)) - 1).reshape(dest.shape)
+    share = jnp.where(dest, loaded // num_dest + (rank < loaded % num_dest), 0).astype(jnp.int32)
+    return {
+        "dig_action": w_action - lowered.astype(jnp.int8),
+        "dig_dumpability": jnp.where(near_dug > 0, jnp.int8(0), w_dump),
+        "dig_units": jnp.sum(lowered, dtype=jnp.int32),
+        "picked_up": picked_up,
+        "pickup_on_zone": jnp.sum(lowered & picked_up & on_zone, dtype=jnp.int32),
+        "pickup_outside_zone": jnp.sum(lowered & picked_up & ~on_zone, dtype=jnp.int32),
+        "dump_action": (w_action + share).astype(jnp.int8),
+        "dump_units": jnp.sum(share),
+        "dump_on_zone": jnp.sum(jnp.where(on_zone, share, 0)),
+    }
