@@ -22,17 +22,11 @@ from envs.maps import (  # noqa: E402
     default_spawn_clearance,
     generate_maps,
 )
-
-
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Report bad arguments as a single stderr line (no usage dump), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+from terra_rl.cli import OneLineErrorParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="generate_maps.py", description="Generate a procedural map dataset."
     )
     parser.add_argument("--out", required=True, type=Path, help="output directory (created)")

@@ -33,6 +33,7 @@ from envs.env import LOCAL_LAYER_NAMES, ExcavationEnv  # noqa: E402
 from envs.maps import MAP_TYPES  # noqa: E402
 from envs.params import make_env_params  # noqa: E402
 from envs.render import render_frame_with_status  # noqa: E402
+from terra_rl.cli import OneLineErrorParser  # noqa: E402
 
 POLICIES = ("random", "eager")
 AGENT_TYPES = {"tracked": A.TRACKED, "wheeled": A.WHEELED}
@@ -40,15 +41,8 @@ GENERATED_MAPS = 8
 PROGRESS_EVERY = 50
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """Report bad arguments as a single stderr line (no usage dump), exit code 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineErrorParser(
+    parser = OneLineErrorParser(
         prog="play_episode.py", description="Play one episode and save it as a GIF."
     )
     parser.add_argument(
