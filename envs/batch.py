@@ -92,13 +92,14 @@ class BatchEnv:
         )(step_keys, state, actions, params)
         done = terminated | truncated
 
-        reset_keys = jax.random.split(key_reset, self.num_envs)
+        # Split inside the reset branches, so steps where nothing finished skip it.
+        reset_keys = lambda: jax.random.split(key_reset, self.num_envs)  # noqa: E731
         reset_envs = jax.vmap(self.env.reset_episode, in_axes=(0, None, 0, 0))
 
         def reset_all(operands):
             obs, next_state = operands
             reset_obs, reset_state = reset_envs(
-                reset_keys, params, next_state.agent.agent_type, next_state.curriculum
+                reset_keys(), params, next_state.agent.agent_type, next_state.curriculum
             )
             return select_where(done, reset_obs, obs), select_where(done, reset_state, next_state)
 
@@ -108,7 +109,7 @@ class BatchEnv:
             (index,) = jnp.nonzero(done, size=self.max_partial_resets, fill_value=self.num_envs)
             gather = jnp.minimum(index, self.num_envs - 1)
             reset_obs, reset_state = reset_envs(
-                reset_keys[gather],
+                reset_keys()[gather],
                 params,
                 next_state.agent.agent_type[gather],
                 jax.tree.map(lambda x: x[gather], next_state.curriculum),
