@@ -7,10 +7,10 @@ Example:
 Policies (both restricted to the actions `obs["action_mask"]` allows, so the agent does not
 bump into things):
   random  uniform over the allowed actions
-  eager   DO whenever it is allowed (dig when empty, dump when loaded); else turn the cabin
-          towards the nearest arm heading whose local map shows work (dig targets or soil
-          when empty, dump zones when loaded); else random. A scripted baseline that
-          shows digging and dumping
+  eager   DO where the arm points at the right work (undug targets when empty; dump zones
+          when loaded, or any dumpable tile on maps without zones); else turn the cabin
+          towards the nearest arm heading whose local map shows such work; else random.
+          A scripted baseline that shows digging and dumping
 A trained checkpoint's policy arrives with the trainer. Colours: see `envs/render.py`.
 """
 
@@ -30,6 +30,7 @@ from envs import actions as A  # noqa: E402
 from envs.config import VALID_MAP_SIZES, CurriculumConfig, EnvConfig  # noqa: E402
 from envs.dataset import DatasetError  # noqa: E402
 from envs.env import LOCAL_LAYER_NAMES, ExcavationEnv  # noqa: E402
+from envs.geometry import NUM_HEADINGS  # noqa: E402
 from envs.maps import MAP_TYPES  # noqa: E402
 from envs.params import make_env_params  # noqa: E402
 from envs.render import render_frame_with_status  # noqa: E402
@@ -39,6 +40,7 @@ POLICIES = ("random", "eager")
 AGENT_TYPES = {"tracked": A.TRACKED, "wheeled": A.WHEELED}
 GENERATED_MAPS = 8
 PROGRESS_EVERY = 50
+LOADED_INDEX = 5  # agent_state = (row, col, base_heading, cabin_heading, wheel_angle, loaded)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,9 +89,9 @@ def eager_action(rng: np.random.Generator, obs: dict) -> int:
     `local_maps`), else random. Loaded, the right work is a dump zone (or any dumpable tile
     on maps without zones); empty, it is an undug target."""
     action_mask = np.asarray(obs["action_mask"])
-    local_maps = np.asarray(obs["local_maps"]).astype(np.int64)  # [12 arm headings, layers]
+    local_maps = np.asarray(obs["local_maps"]).astype(np.int64)  # [arm headings, layers]
     layer = {name: i for i, name in enumerate(LOCAL_LAYER_NAMES)}
-    if int(obs["agent_state"][5]) > 0:
+    if int(obs["agent_state"][LOADED_INDEX]) > 0:
         work = local_maps[:, layer["dump_zone"]] - local_maps[:, layer["dumped"]]
         if not np.any(np.asarray(obs["target_map"]) == 1):
             work = local_maps[:, layer["dumpable"]]
@@ -100,8 +102,8 @@ def eager_action(rng: np.random.Generator, obs: dict) -> int:
     headings = np.flatnonzero(work[1:] > 0) + 1
     if len(headings) == 0:
         return random_action(rng, action_mask)
-    nearest = headings[np.argmin(np.minimum(headings, 12 - headings))]
-    return A.CABIN_ANTICLOCK if nearest <= 6 else A.CABIN_CLOCK
+    nearest = headings[np.argmin(np.minimum(headings, NUM_HEADINGS - headings))]
+    return A.CABIN_ANTICLOCK if nearest <= NUM_HEADINGS // 2 else A.CABIN_CLOCK
 
 
 def save_gif(frames: list[np.ndarray], path: Path, fps: float) -> None:
