@@ -6,8 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import jax
-import pytest
+# Four CPU devices for the multi-device trainer tests; set before jax initialises.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    ).strip()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # A persistent compilation cache outside the repo makes reruns cheap.
 _CACHE_DIR = os.environ.get(

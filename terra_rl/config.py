@@ -1,0 +1,288 @@
+"""`TrainConfig`: every setting of a training run, the named presets, validation and the
+step accounting.
+
+A run's configuration is one frozen dataclass. Presets are instances of it; command-line
+flags (`terra_rl.flags`) override preset fields; `validate` rejects bad values and
+combinations before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from terra_rl.precision import PRECISIONS
+
+MAP_ENCODERS = ("atari", "resnet")
+REWARD_KINDS = ("dense", "sparse")
+WANDB_MODES = ("", "online", "offline", "disabled")
+DEFAULT_COMPILATION_CACHE_DIR = str(Path("~/.cache/terra_rl/xla-cache"))
+
+
+class ConfigError(ValueError):
+    """A bad setting or combination of settings; the message is one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Field docs are shown by `train_mixed.py --help`."""
+
+    # Environment
+    env: str = "excavation"
+    """'excavation' or 'gymnax:<id>' (e.g. gymnax:CartPole-v1)."""
+    map_size: int = 64
+    map_types: tuple[str, ...] = ("foundations",)
+    max_steps: int = 550
+    wheeled_fraction: float = 0.0
+    """Share of wheeled excavators in each batch (0 = tracked only)."""
+    reward: str = "dense"
+    num_maps: int = 256
+    """Procedural maps generated when no dataset is given."""
+    map_seed: int = 0
+    dataset_path: str = ""
+    """Map dataset directory; empty = DATASET_PATH, else procedural maps."""
+    dataset_size: int = 0
+    """Use the first K maps of the dataset; 0 = DATASET_SIZE, else all."""
+    use_action_mask: bool = False
+    """Mask invalid actions in the policy (flags --enable_action_mask/--disable_action_mask)."""
+
+    # Scale and step accounting
+    num_devices: int = 0
+    """0 = all local devices."""
+    num_envs_per_device: int = 1024
+    num_steps: int = 32
+    total_timesteps: int = 50_000_000_000
+    seed: int = 0
+
+    # PPO
+    update_epochs: int = 2
+    num_minibatches: int = 16
+    lr: float = 3e-4
+    gamma: float = 0.9984
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    vf_coef: float = 2.0
+    max_grad_norm: float = 0.5
+    ent_coef_start: float = 0.15
+    ent_coef_end: float = 0.005
+    ent_coef_decay_updates: int = 9500
+    """Cosine schedule length of the entropy coefficient, in updates."""
+    clip_value_loss: bool = True
+    normalize_advantages: bool = True
+
+    # Model
+    map_encoder: str = "atari"
+    map_feature_dim: int = 256
+    hidden_dim: int = 256
+    separate_actor_critic_trunks: bool = False
+    precision: str = "bfloat16"
+    """Model compute dtype: float32, bfloat16 or float16 (parameters are float32)."""
+
+    # Evaluation, logging, checkpoints
+    log_train_interval: int = 1
+    log_eval_interval: int = 100
+    """Evaluate every N updates (and at the end); 0 = only at the end."""
+    eval_episodes: int = 100
+    eval_sampling: bool = False
+    """Sample eval actions from the policy instead of taking the greedy action."""
+    checkpoint_interval: int = 100
+    """Checkpoint every N updates (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 3
+    cache_clear_interval: int = 0
+    """Call jax.clear_caches() after every N completed updates; 0 = never."""
+    compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
+    """Persistent XLA compilation cache; empty disables it."""
+    runs_dir: str = "runs"
+    run_name: str = ""
+    """Empty = '<preset>-<timestamp>'."""
+    wandb_mode: str = ""
+    """online, offline or disabled; empty = WANDB_MODE, else disabled."""
+    wandb_project: str = "terra_rl"
+    wandb_entity: str = ""
+    wandb_tags: tuple[str, ...] = ()
+    preset: str = ""
+    """Name of the preset this run started from (set by the CLI)."""
+
+    # ------------------------------------------------------------ step accounting
+
+    @property
+    def num_envs(self) -> int:
+        """Environments over all devices (needs a resolved `num_devices`)."""
+        return self.num_envs_per_device * self.num_devices
+
+    @property
+    def env_steps_per_update(self) -> int:
+        return self.num_steps * self.num_envs
+
+    @property
+    def num_updates(self) -> int:
+        """Updates that cover `total_timesteps`: the last update may run past it, never
+        short of it (`num_updates * env_steps_per_update >= total_timesteps`)."""
+        return math.ceil(self.total_timesteps / self.env_steps_per_update)
+
+    @property
+    def minibatch_size(self) -> int:
+        """Transitions per minibatch on one device."""
+        return self.num_envs_per_device * self.num_steps // self.num_minibatches
+
+    @property
+    def eval_envs_per_device(self) -> int:
+        return self.eval_episodes // self.num_devices
+
+    @property
+    def is_gymnax(self) -> bool:
+        return self.env.startswith("gymnax:")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _jsonable(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+# Fields a config written by an older version may lack, with the value that version
+# behaved as (never today's class default, which may differ).
+LEGACY_DEFAULTS: dict[str, Any] = {"use_action_mask": False}
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """Rebuild a config from `config.json`. Unknown keys are an error; missing keys take
+    `LEGACY_DEFAULTS` where listed, else the class default."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config fields {unknown}: written by a newer terra_rl?")
+    values = {name: LEGACY_DEFAULTS[name] for name in LEGACY_DEFAULTS if name not in data}
+    for name, value in data.items():
+        values[name] = tuple(value) if isinstance(value, list) else value
+    return TrainConfig(**values)
+
+
+PRESETS: dict[str, TrainConfig] = {
+    "solo_excavator": TrainConfig(),
+    "trench_excavator": TrainConfig(map_types=("trenches",)),
+    "mixed_excavators": TrainConfig(map_types=("foundations", "trenches"), wheeled_fraction=0.5),
+    # Small enough that a policy visibly learns on 2 CPU cores within 10 minutes.
+    "cpu_demo": TrainConfig(
+        map_size=16,
+        max_steps=64,
+        num_maps=64,
+        num_devices=1,
+        num_envs_per_device=64,
+        num_steps=32,
+        total_timesteps=400_000,
+        update_epochs=4,
+        num_minibatches=4,
+        lr=1e-3,
+        gamma=0.98,
+        ent_coef_start=0.05,
+        ent_coef_end=0.005,
+        ent_coef_decay_updates=200,
+        map_feature_dim=128,
+        hidden_dim=128,
+        precision="float32",
+        log_train_interval=5,
+        log_eval_interval=25,
+        eval_episodes=64,
+        checkpoint_interval=50,
+    ),
+}
+
+
+def get_preset(name: str) -> TrainConfig:
+    """The preset `name`, recording its name in the config."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], preset=name)
+
+
+def resolve(config: TrainConfig, num_local_devices: int) -> TrainConfig:
+    """Fill the run-time defaults (devices, dataset from the environment, cache path) and
+    validate. The result is what `config.json` records."""
+    updates: dict[str, Any] = {}
+    if config.num_devices == 0:
+        updates["num_devices"] = num_local_devices
+    if not config.dataset_path and os.environ.get("DATASET_PATH"):
+        updates["dataset_path"] = os.environ["DATASET_PATH"]
+    if not config.dataset_size and os.environ.get("DATASET_SIZE"):
+        try:
+            updates["dataset_size"] = int(os.environ["DATASET_SIZE"])
+        except ValueError as error:
+            raise ConfigError(
+                f"DATASET_SIZE must be an integer, got {os.environ['DATASET_SIZE']!r}"
+            ) from error
+    if config.compilation_cache_dir:
+        updates["compilation_cache_dir"] = os.path.expanduser(config.compilation_cache_dir)
+    resolved = dataclasses.replace(config, **updates)
+    validate(resolved, num_local_devices)
+    return resolved
+
+
+def validate(config: TrainConfig, num_local_devices: int) -> None:
+    """Raise `ConfigError` (one line: what is wrong and how to fix it) on a bad config."""
+    c = config
+    positive = (
+        "num_envs_per_device num_steps total_timesteps update_epochs num_minibatches "
+        "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints"
+    ).split()
+    for name in positive:
+        if getattr(c, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
+    for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
+                 "cache_clear_interval", "ent_coef_decay_updates", "dataset_size"):
+        if getattr(c, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if c.num_devices < 1 or c.num_devices > num_local_devices:
+        raise ConfigError(
+            f"--num_devices {c.num_devices} asked but {num_local_devices} local device(s) are "
+            "present; lower --num_devices or leave it at 0 for all devices"
+        )
+    if c.num_envs_per_device % c.num_minibatches:
+        raise ConfigError(
+            f"--num_envs_per_device {c.num_envs_per_device} is not divisible into "
+            f"--num_minibatches {c.num_minibatches}; pick a divisor"
+        )
+    if c.eval_episodes % c.num_devices:
+        raise ConfigError(
+            f"--eval_episodes {c.eval_episodes} does not split over {c.num_devices} devices; "
+            "use a multiple of --num_devices"
+        )
+    if not (0.0 < c.gamma <= 1.0 and 0.0 <= c.gae_lambda <= 1.0):
+        raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
+    if c.lr <= 0 or c.clip_eps <= 0 or c.max_grad_norm <= 0 or c.vf_coef < 0:
+        raise ConfigError("--lr, --clip_eps and --max_grad_norm must be > 0, --vf_coef >= 0")
+    if c.ent_coef_start < 0 or c.ent_coef_end < 0:
+        raise ConfigError("--ent_coef_start and --ent_coef_end must be >= 0")
+    choices = (
+        ("precision", PRECISIONS),
+        ("map_encoder", MAP_ENCODERS),
+        ("reward", REWARD_KINDS),
+        ("wandb_mode", WANDB_MODES),
+    )
+    for name, allowed in choices:
+        if getattr(c, name) not in allowed:
+            shown = [a for a in allowed if a]
+            raise ConfigError(f"--{name} must be one of {shown}, got {getattr(c, name)!r}")
+    if c.env != "excavation" and not c.is_gymnax:
+        raise ConfigError(f"--env must be 'excavation' or 'gymnax:<id>', got {c.env!r}")
+    if c.env == "excavation":
+        _validate_excavation(c)
+    elif c.use_action_mask:
+        raise ConfigError("--enable_action_mask needs --env excavation (gymnax envs have no mask)")
+
+
+def _validate_excavation(c: TrainConfig) -> None:
+    from envs.config import VALID_MAP_SIZES
+    from envs.maps import MAP_TYPES
+
+    if c.map_size not in VALID_MAP_SIZES:
+        raise ConfigError(f"--map_size must be one of {VALID_MAP_SIZES}, got {c.map_size}")
+    unknown = [t for t in c.map_types if t not in MAP_TYPES]
+    if not c.map_types or unknown:
+        raise ConfigError(f"--map_types must be a comma list of {MAP_TYPES}, got {c.map_types}")
+    if not 0.0 <= c.wheeled_fraction <= 1.0:
+        raise ConfigError(f"--wheeled_fraction must be in [0, 1], got {c.wheeled_fraction}")

@@ -1,0 +1,139 @@
+"""Command-line flags for `TrainConfig`: `--config PRESET`, one `--field value` per field,
+booleans as `--enable_x` / `--disable_x` (`use_action_mask` -> `--enable_action_mask`),
+tuples as comma lists, and `--resume RUN_DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import typing
+
+from terra_rl.cli import OneLineErrorParser
+from terra_rl.config import PRESETS, TrainConfig, get_preset
+
+# Fields that may change when a run is resumed; anything else would change shapes,
+# semantics or the meaning of the step counters.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "total_timesteps",
+        "log_train_interval",
+        "log_eval_interval",
+        "checkpoint_interval",
+        "keep_checkpoints",
+        "cache_clear_interval",
+        "compilation_cache_dir",
+        "wandb_mode",
+        "wandb_project",
+        "wandb_entity",
+        "wandb_tags",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainArgs:
+    config: TrainConfig
+    """The preset (or resumed config) with the given flags applied; not yet resolved."""
+    resume: str | None
+    overrides: dict[str, typing.Any]
+
+
+@functools.cache
+def field_docs() -> dict[str, str]:
+    """The docstring under each `TrainConfig` field (shown in `--help`)."""
+    tree = ast.parse(inspect.getsource(TrainConfig))
+    body = tree.body[0].body
+    docs = {}
+    for node, following in zip(body, body[1:], strict=False):
+        is_doc = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+        if isinstance(node, ast.AnnAssign) and is_doc:
+            docs[node.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def bool_flag_name(field_name: str) -> str:
+    return field_name.removeprefix("use_")
+
+
+def build_parser(base: TrainConfig) -> OneLineErrorParser:
+    """Flags for every field; defaults shown are those of `base` (the chosen preset)."""
+    parser = OneLineErrorParser(
+        prog="train_mixed.py",
+        description="Train a PPO policy. Flags override the preset chosen with --config.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--config", default=base.preset or "solo_excavator", choices=sorted(PRESETS),
+        help="preset to start from",
+    )
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", default=None,
+        help="continue the run in RUN_DIR from its latest checkpoint (only logging, "
+        "checkpoint and total_timesteps flags may change)",
+    )
+    docs = field_docs()
+    hints = typing.get_type_hints(TrainConfig)
+    for field in dataclasses.fields(TrainConfig):
+        if field.name == "preset":
+            continue
+        value = getattr(base, field.name)
+        doc = docs.get(field.name, "")
+        hint = hints[field.name]
+        if hint is bool:
+            name = bool_flag_name(field.name)
+            group = parser.add_mutually_exclusive_group()
+            group.add_argument(
+                f"--enable_{name}", dest=field.name, action="store_const", const=True,
+                help=f"{doc} (preset: {'on' if value else 'off'}; --disable_{name} turns it "
+                "off)".strip(),
+            )
+            group.add_argument(f"--disable_{name}", dest=field.name, action="store_const",
+                               const=False, help=argparse.SUPPRESS)
+            if name == field.name:
+                group.add_argument(f"--{name}", dest=field.name, action="store_const",
+                                   const=True, help=argparse.SUPPRESS)
+        elif typing.get_origin(hint) is tuple:
+            parser.add_argument(
+                f"--{field.name}", type=_comma_tuple, metavar="A,B",
+                help=f"{doc} (preset: {','.join(value)})".strip(),
+            )
+        else:
+            parser.add_argument(
+                f"--{field.name}", type=hint, metavar=hint.__name__.upper(),
+                help=f"{doc} (preset: {value})".strip(),
+            )
+    return parser
+
+
+def _comma_tuple(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_train_args(argv: list[str]) -> TrainArgs:
+    """Parse `argv` (without the program name). Errors exit with code 2 and one line."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default="solo_excavator")
+    known, _ = pre.parse_known_args(argv)
+    base = get_preset(known.config) if known.config in PRESETS else get_preset("solo_excavator")
+    parser = build_parser(base)
+    args = vars(parser.parse_args(argv))
+    preset_name = args.pop("config")
+    resume = args.pop("resume")
+    overrides = args
+    if resume is not None:
+        if any(arg == "--config" or arg.startswith("--config=") for arg in argv):
+            parser.error("--config cannot be combined with --resume (the run keeps its config)")
+        fixed = sorted(set(overrides) - RESUMABLE_FIELDS)
+        if fixed:
+            parser.error(
+                f"--resume keeps the run's config; these flags cannot change: "
+                f"{', '.join('--' + name for name in fixed)}"
+            )
+        return TrainArgs(config=base, resume=resume, overrides=overrides)
+    config = dataclasses.replace(get_preset(preset_name), **overrides)
+    return TrainArgs(config=config, resume=None, overrides=overrides)

@@ -1,0 +1,376 @@
+"""Actor-critic networks: the excavation policy and small nets for generic gymnax envs.
+
+Every network maps a batched observation to `(logits float32 [B, num_actions], value
+float32 [B])`. Parameters are float32; layers compute in `PolicyConfig.precision` (Flax
+`dtype=`), and logits and value are cast to float32 on the way out.
+
+Top-level parameter names are the same for every network, so `parameter_groups` splits
+any of them by role: `policy_head` and `value_head` (one Dense each) and the encoders,
+either `encoder` (shared by both heads) or `actor_encoder` / `critic_encoder` (separate,
+sharing no parameter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from terra_rl.precision import PRECISIONS, compute_dtype, to_float32
+
+MAP_ENCODERS = ("atari", "resnet")
+EXCAVATION_OBS_KEYS = frozenset(
+    {
+        "agent_state",
+        "agent_type",
+        "local_maps",
+        "target_map",
+        "action_map",
+        "obstacles",
+        "dumpability",
+        "last_actions",
+    }
+)
+NUM_HEADINGS = 12
+# Wheel angles are clipped to +-MAX_WHEEL_ANGLE before the embedding, so one policy serves
+# any env `wheel_angle_limit` up to 6 (30 degrees per unit: 6 units turn 180 degrees).
+MAX_WHEEL_ANGLE = 6
+NUM_LAST_ACTION_TOKENS = 9  # 8 actions + NO_ACTION padding
+EMBED_DIM = 16
+SMALL_MLP_DIM = 64  # agent-state and local-map MLPs
+GYMNAX_HIDDEN_DIM = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyConfig:
+    """Static network configuration (hashable, so it can be a Flax module field)."""
+
+    map_encoder: str = "atari"
+    map_feature_dim: int = 256
+    hidden_dim: int = 256
+    separate_actor_critic_trunks: bool = False
+    precision: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.map_encoder not in MAP_ENCODERS:
+            raise ValueError(f"map_encoder must be one of {MAP_ENCODERS}, got {self.map_encoder!r}")
+        if self.map_feature_dim < 1 or self.hidden_dim < 1:
+            raise ValueError(
+                f"map_feature_dim and hidden_dim must be >= 1, got {self.map_feature_dim}, "
+                f"{self.hidden_dim}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return compute_dtype(self.precision)
+
+
+def _dense(features: int, dtype, scale: float = np.sqrt(2), name: str | None = None) -> nn.Dense:
+    return nn.Dense(
+        features,
+        kernel_init=nn.initializers.orthogonal(scale),
+        bias_init=nn.initializers.zeros,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        name=name,
+    )
+
+
+def _conv(features: int, kernel: int, stride: int, dtype) -> nn.Conv:
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        strides=(stride, stride),
+        padding="SAME",
+        kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+        bias_init=nn.initializers.zeros,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+    )
+
+
+def _embed(num_embeddings: int, dtype, name: str) -> nn.Embed:
+    return nn.Embed(num_embeddings, EMBED_DIM, dtype=dtype, param_dtype=jnp.float32, name=name)
+
+
+class _Mlp(nn.Module):
+    """Dense + activation per entry of `features`."""
+
+    features: Sequence[int]
+    dtype: jnp.dtype = jnp.float32
+    activation: str = "relu"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        activation = getattr(nn, self.activation)
+        for width in self.features:
+            x = activation(_dense(width, self.dtype)(x))
+        return x
+
+
+def _flatten_spatial(x: jax.Array) -> jax.Array:
+    """[..., H, W, C] -> [..., H * W * C]."""
+    return x.reshape(*x.shape[:-3], -1)
+
+
+def _heads(actor_features, critic_features, num_actions: int, dtype):
+    """float32 logits [..., A] and value [...] from features [..., F] (inside a compact call)."""
+    logits = _dense(num_actions, dtype, scale=0.01, name="policy_head")(actor_features)
+    value = _dense(1, dtype, scale=1.0, name="value_head")(critic_features)
+    return to_float32(logits), to_float32(value[..., 0])
+
+
+# --------------------------------------------------------------------------- map encoders
+
+
+class AtariMapEncoder(nn.Module):
+    """Nature-DQN convs: [B, N, N, C] -> [B, features]."""
+
+    features: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, maps: jax.Array) -> jax.Array:
+        x = maps
+        for channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(_conv(channels, kernel, stride, self.dtype)(x))
+        return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(x)))
+
+
+class ImpalaMapEncoder(nn.Module):
+    """IMPALA-style residual CNN: [B, N, N, C] -> [B, features].
+
+    Each stage: conv 3x3, max-pool 3x3 stride 2, two residual blocks (relu-conv-relu-conv).
+    """
+
+    features: int
+    stage_channels: Sequence[int] = (16, 32, 32)
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, maps: jax.Array) -> jax.Array:
+        x = maps
+        for channels in self.stage_channels:
+            x = _conv(channels, 3, 1, self.dtype)(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for _ in range(2):
+                residual = _conv(channels, 3, 1, self.dtype)(nn.relu(x))
+                x = x + _conv(channels, 3, 1, self.dtype)(nn.relu(residual))
+        return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(nn.relu(x))))
+
+
+# --------------------------------------------------------------------------- excavation
+
+
+def map_channels(obs: dict) -> jax.Array:
+    """float32 [B, N, N, 7]: the global layers as CNN channels.
+
+    Channels: dig target, dump zone, log1p(dug depth), log1p(dumped height), obstacle,
+    dumpable, and a one-hot of the agent's (row, col).
+    """
+    target = obs["target_map"]
+    action = obs["action_map"].astype(jnp.float32)
+    size = target.shape[-1]
+    row_one_hot = jax.nn.one_hot(obs["agent_state"][..., 0], size, dtype=jnp.float32)
+    col_one_hot = jax.nn.one_hot(obs["agent_state"][..., 1], size, dtype=jnp.float32)
+    layers = [
+        (target == -1).astype(jnp.float32),
+        (target == 1).astype(jnp.float32),
+        jnp.log1p(jnp.maximum(-action, 0.0)),
+        jnp.log1p(jnp.maximum(action, 0.0)),
+        (obs["obstacles"] == 1).astype(jnp.float32),
+        (obs["dumpability"] == 1).astype(jnp.float32),
+        row_one_hot[..., :, None] * col_one_hot[..., None, :],
+    ]
+    return jnp.stack(layers, axis=-1)
+
+
+class ExcavationEncoder(nn.Module):
+    """All observation parts -> trunk features [B, hidden_dim].
+
+    Submodules: `map_encoder` (CNN over `map_channels`), `base_heading_embed`,
+    `cabin_heading_embed`, `wheel_angle_embed` and `agent_type_embed` (inputs of
+    `agent_state_mlp`), `local_maps_mlp`, `last_actions_embed`, and `trunk` (2 x Dense
+    hidden_dim + relu over the concatenated features).
+    """
+
+    config: PolicyConfig
+
+    @nn.compact
+    def __call__(self, obs: dict) -> jax.Array:
+        cfg, dtype = self.config, self.config.dtype
+        encoder_cls = AtariMapEncoder if cfg.map_encoder == "atari" else ImpalaMapEncoder
+        map_features = encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder")(
+            map_channels(obs).astype(dtype)
+        )
+
+        agent = obs["agent_state"]
+        size = obs["target_map"].shape[-1]
+        wheel = jnp.clip(agent[..., 4], -MAX_WHEEL_ANGLE, MAX_WHEEL_ANGLE) + MAX_WHEEL_ANGLE
+        loaded = jnp.maximum(agent[..., 5], 0).astype(jnp.float32)
+        scalars = jnp.stack(
+            [
+                agent[..., 0].astype(jnp.float32) / (size - 1),
+                agent[..., 1].astype(jnp.float32) / (size - 1),
+                (loaded > 0).astype(jnp.float32),
+                jnp.log1p(loaded),
+            ],
+            axis=-1,
+        ).astype(dtype)
+        agent_parts = [
+            _embed(NUM_HEADINGS, dtype, "base_heading_embed")(agent[..., 2] % NUM_HEADINGS),
+            _embed(NUM_HEADINGS, dtype, "cabin_heading_embed")(agent[..., 3] % NUM_HEADINGS),
+            _embed(2 * MAX_WHEEL_ANGLE + 1, dtype, "wheel_angle_embed")(wheel),
+            _embed(2, dtype, "agent_type_embed")(obs["agent_type"]),
+            scalars,
+        ]
+        agent_features = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name="agent_state_mlp")(
+            jnp.concatenate(agent_parts, axis=-1)
+        )
+
+        local = obs["local_maps"]
+        local = jnp.log1p(jnp.maximum(local, 0).astype(jnp.float32)).astype(dtype)
+        local_features = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name="local_maps_mlp")(
+            local.reshape(*local.shape[:-2], -1)
+        )
+
+        actions = _embed(NUM_LAST_ACTION_TOKENS, dtype, "last_actions_embed")(obs["last_actions"])
+        action_features = actions.reshape(*actions.shape[:-2], -1)
+
+        features = jnp.concatenate(
+            [map_features, agent_features, local_features, action_features], axis=-1
+        )
+        return _Mlp((cfg.hidden_dim, cfg.hidden_dim), dtype, name="trunk")(features)
+
+
+class ExcavationPolicy(nn.Module):
+    """Actor-critic for the excavation env's observation dict.
+
+    obs: agent_state int32 [B, 6], agent_type int32 [B], local_maps int16 [B, 12, 6],
+    target_map / action_map / obstacles / dumpability int8 [B, N, N], last_actions int32
+    [B, K]; `action_mask` is ignored. Any number of leading batch dims works.
+    Returns logits float32 [B, num_actions], value float32 [B].
+    """
+
+    config: PolicyConfig
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, obs: dict) -> tuple[jax.Array, jax.Array]:
+        if self.config.separate_actor_critic_trunks:
+            actor = ExcavationEncoder(self.config, name="actor_encoder")(obs)
+            critic = ExcavationEncoder(self.config, name="critic_encoder")(obs)
+        else:
+            actor = critic = ExcavationEncoder(self.config, name="encoder")(obs)
+        return _heads(actor, critic, self.num_actions, self.config.dtype)
+
+
+# --------------------------------------------------------------------------- gymnax
+
+
+class GymnaxMLPPolicy(nn.Module):
+    """Separate actor and critic tanh MLPs: obs [B, D] -> logits [B, A], value [B]."""
+
+    num_actions: int
+    hidden_dims: Sequence[int] = (GYMNAX_HIDDEN_DIM, GYMNAX_HIDDEN_DIM)
+    precision: str = "float32"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        dtype = compute_dtype(self.precision)
+        x = obs.astype(dtype)
+        actor = _Mlp(self.hidden_dims, dtype, "tanh", name="actor_encoder")(x)
+        critic = _Mlp(self.hidden_dims, dtype, "tanh", name="critic_encoder")(x)
+        return _heads(actor, critic, self.num_actions, dtype)
+
+
+class GymnaxCNNPolicy(nn.Module):
+    """Shared conv 16 3x3 + Dense for image obs [B, H, W, C] (e.g. MinAtar 10x10xC)."""
+
+    num_actions: int
+    channels: int = 16
+    hidden_dim: int = GYMNAX_HIDDEN_DIM
+    precision: str = "float32"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        dtype = compute_dtype(self.precision)
+        features = _SmallCnn(self.channels, self.hidden_dim, dtype, name="encoder")(
+            obs.astype(dtype)
+        )
+        return _heads(features, features, self.num_actions, dtype)
+
+
+class _SmallCnn(nn.Module):
+    channels: int
+    hidden_dim: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = nn.relu(_conv(self.channels, 3, 1, self.dtype)(x))
+        return nn.relu(_dense(self.hidden_dim, self.dtype)(_flatten_spatial(x)))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Module:
+    """The network for a batched example observation.
+
+    A dict with the excavation keys -> `ExcavationPolicy`; an array [B, D] ->
+    `GymnaxMLPPolicy`; an array [B, H, W, C] -> `GymnaxCNNPolicy`. The gymnax nets take only
+    `precision` from `config` (their widths are the usual 64).
+    """
+    if num_actions < 1:
+        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+    if isinstance(example_obs, dict):
+        missing = EXCAVATION_OBS_KEYS - set(example_obs)
+        if missing:
+            raise ValueError(f"dict observation lacks excavation keys {sorted(missing)}")
+        return ExcavationPolicy(config, num_actions)
+    per_env_ndim = np.ndim(example_obs) - 1
+    if per_env_ndim == 1:
+        return GymnaxMLPPolicy(num_actions, precision=config.precision)
+    if per_env_ndim == 3:
+        return GymnaxCNNPolicy(num_actions, precision=config.precision)
+    raise ValueError(
+        f"batched observation must be [B, D] or [B, H, W, C], got shape {np.shape(example_obs)}"
+    )
+
+
+def _unwrap(params):
+    """The `params` collection from either `model.init(...)`'s variables or params."""
+    if set(params) == {"params"}:
+        return params["params"]
+    return params
+
+
+def count_parameters(params) -> int:
+    """Number of scalars in a parameter pytree (arrays or `jax.ShapeDtypeStruct`s)."""
+    return int(sum(np.prod(leaf.shape, dtype=np.int64) for leaf in jax.tree.leaves(params)))
+
+
+def parameter_groups(params) -> dict[str, dict]:
+    """{"policy_head", "value_head", "encoder"}: a partition of the top-level parameters.
+
+    "encoder" holds everything else: `encoder`, or `actor_encoder` and `critic_encoder`.
+    Accepts the variables from `init` or their "params" collection.
+    """
+    params = _unwrap(params)
+    missing = {"policy_head", "value_head"} - set(params)
+    if missing:
+        raise ValueError(f"params lack {sorted(missing)}; top-level keys are {sorted(params)}")
+    heads = ("policy_head", "value_head")
+    encoders = {name: tree for name, tree in params.items() if name not in heads}
+    return {
+        "policy_head": params["policy_head"],
+        "value_head": params["value_head"],
+        "encoder": encoders,
+    }

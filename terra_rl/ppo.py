@@ -1,0 +1,163 @@
+"""PPO pieces as pure functions: GAE with truncation bootstrapping, the clipped loss, the
+entropy schedule and the optimizer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from terra_rl.config import TrainConfig
+
+
+@struct.dataclass
+class Transition:
+    """One rollout step for every env on a device; stacked to [num_steps, num_envs, ...].
+
+    obs:          observation the action was taken from (pytree of [num_envs, ...])
+    action:       int32 [num_envs]
+    log_prob:     float32 [num_envs] under the behaviour policy (masked when masking is on)
+    value:        float32 [num_envs] V(obs)
+    reward:       float32 [num_envs]
+    terminated:   bool [num_envs] task done: no bootstrap
+    truncated:    bool [num_envs] timeout: bootstrap from the final observation
+    final_value:  float32 [num_envs] V(final_observation) where truncated, else 0
+    age:          int32 [num_envs] episode age of `obs` (steps already taken)
+    progress:     float32 [num_envs] episode progress after the step
+    """
+
+    obs: dict
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_value: jax.Array
+    age: jax.Array
+    progress: jax.Array
+
+
+def next_values(
+    values: jax.Array,
+    last_value: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    final_values: jax.Array,
+) -> jax.Array:
+    """float32 [T, N] value of the state after each step: `V(obs[t+1])` when the episode
+    goes on, `V(final_observation[t])` when truncated, 0 when terminated.
+
+    values [T, N] = V(obs[t]); last_value [N] = V(obs[T]) (the observation after the
+    rollout); final_values [T, N] = V(final_observation[t]) where truncated.
+    """
+    following = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    return jnp.where(terminated, 0.0, jnp.where(truncated, final_values, following))
+
+
+def gae_advantages(
+    rewards: jax.Array,
+    values: jax.Array,
+    next_value: jax.Array,
+    done: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation over [T, N] arrays.
+
+    `A[t] = delta[t] + gamma * lambda * (1 - done[t]) * A[t+1]` with
+    `delta[t] = r[t] + gamma * next_value[t] - values[t]`: the recursion stops at every
+    reset boundary (`done = terminated | truncated`); `next_value` carries the bootstrap.
+    Returns (advantages, returns = advantages + values), both float32 [T, N].
+    """
+    deltas = rewards + gamma * next_value - values
+    carry_on = gamma * gae_lambda * (1.0 - done.astype(jnp.float32))
+
+    def backward(advantage, inputs):
+        delta, keep = inputs
+        advantage = delta + keep * advantage
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(
+        backward, jnp.zeros_like(deltas[0]), (deltas, carry_on), reverse=True
+    )
+    return advantages, advantages + values
+
+
+def entropy_coefficient(config: TrainConfig, update: jax.Array) -> jax.Array:
+    """Cosine schedule from `ent_coef_start` to `ent_coef_end` over
+    `ent_coef_decay_updates` updates, then constant."""
+    if config.ent_coef_decay_updates == 0:
+        return jnp.float32(config.ent_coef_end)
+    fraction = jnp.clip(update / config.ent_coef_decay_updates, 0.0, 1.0)
+    cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * fraction))
+    coef = config.ent_coef_end + (config.ent_coef_start - config.ent_coef_end) * cosine
+    return coef.astype(jnp.float32)
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adam (eps 1e-5)."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(config.lr, eps=1e-5),
+    )
+
+
+def categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
+    """float32 [B] log pi(a) from float32 logits [B, A]."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(log_probs, actions[..., None], axis=-1)[..., 0]
+
+
+def categorical_entropy(logits: jax.Array) -> jax.Array:
+    """float32 [B]; masked logits (a large finite negative) contribute 0."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+
+
+def ppo_loss(
+    logits: jax.Array,
+    values: jax.Array,
+    actions: jax.Array,
+    old_log_probs: jax.Array,
+    old_values: jax.Array,
+    advantages: jax.Array,
+    returns: jax.Array,
+    *,
+    clip_eps: float,
+    vf_coef: float,
+    ent_coef: jax.Array,
+    clip_value_loss: bool,
+    normalize_advantages: bool,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Clipped PPO objective on one minibatch.
+
+    logits float32 [B, A] (already masked when masking is on); values, old_log_probs,
+    old_values, advantages, returns float32 [B]; actions int32 [B].
+    Returns (total loss, metrics): actor_loss, value_loss, entropy, approx_kl,
+    clip_fraction.
+    """
+    log_probs = categorical_log_prob(logits, actions)
+    log_ratio = log_probs - old_log_probs
+    ratio = jnp.exp(log_ratio)
+    if normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    actor_loss = -jnp.minimum(
+        ratio * advantages, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    ).mean()
+    value_error = jnp.square(values - returns)
+    if clip_value_loss:
+        clipped = old_values + jnp.clip(values - old_values, -clip_eps, clip_eps)
+        value_error = jnp.maximum(value_error, jnp.square(clipped - returns))
+    value_loss = 0.5 * value_error.mean()
+    entropy = categorical_entropy(logits).mean()
+    total = actor_loss + vf_coef * value_loss - ent_coef * entropy
+    metrics = {
+        "actor_loss": actor_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": ((ratio - 1.0) - log_ratio).mean(),
+        "clip_fraction": (jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32).mean(),
+    }
+    return total, metrics

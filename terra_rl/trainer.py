@@ -1,0 +1,230 @@
+"""The host loop: build everything for a config, then call the pmapped update
+`num_updates` times, logging, evaluating and checkpointing at their intervals.
+
+Host transfers happen only for a log, an eval, a checkpoint or the final return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from terra_rl import ppo
+from terra_rl.checkpointing import CheckpointStore
+from terra_rl.config import TrainConfig
+from terra_rl.evaluation import make_eval_fn
+from terra_rl.logger import RunLogger
+from terra_rl.models import PolicyConfig, count_parameters, make_policy
+from terra_rl.train_env import make_train_envs
+from terra_rl.update import AXIS, RunnerState, make_init_fn, make_update_fn
+
+# Metrics that are NaN when there was nothing to measure (no episode finished, an empty
+# age bucket): dropped from the logs rather than logged as a fake 0 or as null.
+OPTIONAL_METRIC_MARKERS = (
+    "episode_return",
+    "episode_length",
+    "avg_positive_episode_length",
+    "value_by_age/",
+    "explained_variance",
+)
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything built for one config on `num_devices` local devices."""
+
+    config: TrainConfig
+    devices: list
+    train_env: Any
+    eval_env: Any
+    policy: Any
+    init_fn: Any
+    update_fn: Any
+    eval_fn: Any
+    env_params: Any
+    """The map pool replicated over the device axis (a pmap argument, never a constant)."""
+    compiled_update: Any = None
+    compile_seconds: float = 0.0
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def shard(self, tree):
+        """Host pytree with a leading device axis -> arrays sharded over the devices (the
+        layout pmap outputs have, so a donated input is freed in place)."""
+        sharding = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), PartitionSpec(AXIS))
+        return jax.device_put(tree, sharding)
+
+    def replicate(self, tree):
+        return self.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * self.num_devices),
+                                       tree))
+
+    def init_runner(self) -> RunnerState:
+        key = jax.random.PRNGKey(self.config.seed)
+        device_keys = jax.random.split(jax.random.fold_in(key, 0), self.num_devices)
+        params_key = self.replicate(jax.random.fold_in(key, 1))
+        return self.init_fn(self.shard(np.asarray(device_keys)), params_key, self.env_params)
+
+    def compile_update(self, runner: RunnerState):
+        """The update compiled ahead of time (once per trainer), timing the compile."""
+        if self.compiled_update is None:
+            start = time.perf_counter()
+            self.compiled_update = self.update_fn.lower(runner, self.env_params).compile()
+            self.compile_seconds = time.perf_counter() - start
+        return self.compiled_update
+
+    def eval_keys(self, update: int):
+        """Eval keys depend only on the seed and the update, never on the runner's key, so
+        evaluating does not change training (and resumed runs match straight ones)."""
+        key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 2)
+        key = jax.random.fold_in(key, update)
+        return self.shard(np.asarray(jax.random.split(key, self.num_devices)))
+
+    def evaluate(self, runner: RunnerState, update: int) -> dict[str, float]:
+        metrics = self.eval_fn(runner.policy.params, self.eval_keys(update), self.env_params)
+        return host_metrics(metrics)
+
+
+def policy_config(config: TrainConfig) -> PolicyConfig:
+    return PolicyConfig(
+        map_encoder=config.map_encoder,
+        map_feature_dim=config.map_feature_dim,
+        hidden_dim=config.hidden_dim,
+        separate_actor_critic_trunks=config.separate_actor_critic_trunks,
+        precision=config.precision,
+    )
+
+
+def build_trainer(config: TrainConfig) -> Trainer:
+    """Envs, policy and the pmapped functions for a resolved config (nothing compiled)."""
+    devices = jax.local_devices()[: config.num_devices]
+    train_env, eval_env = make_train_envs(config)
+    example_obs, _ = jax.eval_shape(
+        lambda key: train_env.reset(key, train_env.params), jax.random.PRNGKey(0)
+    )
+    policy = make_policy(policy_config(config), train_env.num_actions, example_obs)
+    optimizer = ppo.make_optimizer(config)
+    trainer = Trainer(
+        config=config,
+        devices=devices,
+        train_env=train_env,
+        eval_env=eval_env,
+        policy=policy,
+        init_fn=make_init_fn(config, train_env, policy, optimizer),
+        update_fn=make_update_fn(config, train_env, policy, optimizer),
+        eval_fn=make_eval_fn(config, eval_env, policy),
+        env_params=None,
+    )
+    trainer.env_params = trainer.replicate(train_env.params)
+    return trainer
+
+
+def host_metrics(device_metrics: dict) -> dict[str, float]:
+    """Device metrics (identical on every device) -> floats, without the optional ones
+    that had nothing to measure."""
+    host = jax.device_get(device_metrics)
+    out = {}
+    for name, value in host.items():
+        value = float(np.asarray(value).reshape(-1)[0])
+        if math.isnan(value) and any(marker in name for marker in OPTIONAL_METRIC_MARKERS):
+            continue
+        out[name] = value
+    return out
+
+
+@dataclasses.dataclass
+class TrainResult:
+    runner: RunnerState
+    updates_done: int
+    env_steps: int
+    last_train_metrics: dict[str, float]
+    last_eval_metrics: dict[str, float]
+    compile_seconds: float
+
+
+def _is_due(done_updates: int, interval: int, is_last: bool) -> bool:
+    return is_last or (interval > 0 and done_updates % interval == 0)
+
+
+def train(
+    trainer: Trainer,
+    logger: RunLogger,
+    checkpoints: CheckpointStore,
+    *,
+    resume: bool = False,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Run updates until `num_updates` (or `stop_after` updates in total, for tests and
+    staged runs). With `resume`, continue from the latest checkpoint."""
+    config = trainer.config
+    steps_per_update = config.env_steps_per_update
+    num_updates = config.num_updates
+    last_update = num_updates if stop_after is None else min(stop_after, num_updates)
+
+    runner = trainer.init_runner()
+    start = 0
+    if resume:
+        host_target = jax.device_get(runner)
+        restored, _ = checkpoints.restore(None, host_target)
+        runner = trainer.shard(restored)
+        start = int(np.asarray(restored.counters.update).reshape(-1)[0])
+        logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
+    params = jax.tree.map(lambda x: x[0], runner.policy.params)
+    logger.message(
+        f"{config.preset or 'custom'}: {num_updates:,} updates x {steps_per_update:,} env steps "
+        f"on {trainer.num_devices} {trainer.devices[0].platform} device(s), "
+        f"{count_parameters(params):,} parameters"
+    )
+
+    update_fn = trainer.compile_update(runner)
+    compile_seconds = trainer.compile_seconds
+    logger.message(f"update compiled in {compile_seconds:.1f} s")
+
+    train_metrics: dict[str, float] = {}
+    eval_metrics: dict[str, float] = {}
+    last_log_time, last_log_update = time.perf_counter(), start
+    for update in range(start, last_update):
+        runner, device_metrics = update_fn(runner, trainer.env_params)
+        done = update + 1
+        env_steps = done * steps_per_update
+        is_last = done == last_update
+        log_due = _is_due(done, config.log_train_interval, is_last)
+        eval_due = _is_due(done, config.log_eval_interval, done == num_updates)
+        checkpoint_due = _is_due(done, config.checkpoint_interval, is_last)
+        if log_due:
+            train_metrics = host_metrics(device_metrics)  # waits for the update to finish
+            now = time.perf_counter()
+            seconds_per_update = (now - last_log_time) / (done - last_log_update)
+            train_metrics["performance/seconds_per_update"] = seconds_per_update
+            train_metrics["performance/steps_per_second"] = steps_per_update / seconds_per_update
+            if update == start:
+                train_metrics["performance/compile_seconds"] = compile_seconds
+            logger.log_train(done, env_steps, train_metrics)
+        if eval_due:
+            eval_metrics = trainer.evaluate(runner, done)
+            logger.log_eval(done, env_steps, eval_metrics)
+        if log_due or eval_due:
+            logger.progress(done, env_steps, train_metrics.get("performance/steps_per_second"))
+        if checkpoint_due:
+            best = eval_metrics if eval_due else None
+            checkpoints.save(done, jax.device_get(runner), config.to_dict(), best)
+        if config.cache_clear_interval and done % config.cache_clear_interval == 0:
+            jax.clear_caches()
+        if log_due or eval_due or checkpoint_due:
+            # Restart the clock after host work, so steps/s measures training only.
+            last_log_time, last_log_update = time.perf_counter(), done
+    return TrainResult(
+        runner=runner,
+        updates_done=last_update,
+        env_steps=last_update * steps_per_update,
+        last_train_metrics=train_metrics,
+        last_eval_metrics=eval_metrics,
+        compile_seconds=compile_seconds,
+    )

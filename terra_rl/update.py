@@ -1,0 +1,331 @@
+"""One training update as one function: rollout (`lax.scan` of policy + env step), GAE,
+then `update_epochs x num_minibatches` PPO minibatch updates with gradients averaged over
+the device axis. `make_update_fn` returns it `jax.pmap`'d with the runner state donated.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from terra_rl import ppo
+from terra_rl.config import TrainConfig
+from terra_rl.precision import apply_action_mask, to_float32
+
+AXIS = "device"
+NUM_AGE_BUCKETS = 4
+
+
+@struct.dataclass
+class PolicyState:
+    params: dict
+    opt_state: optax.OptState
+
+
+@struct.dataclass
+class Counters:
+    """update: int32 [] updates done. episode_return: float32 [num_envs] return so far of
+    each env's current episode. episode_full: bool [num_envs] the current episode started
+    at age 0 (the first, staggered episode of each env is partial and never reported)."""
+
+    update: jax.Array
+    episode_return: jax.Array
+    episode_full: jax.Array
+
+
+@struct.dataclass
+class LossScale:
+    """Loss scale (1 until dynamic fp16 scaling lands) and the cumulative count of
+    minibatch updates skipped because the averaged gradients were not finite."""
+
+    scale: jax.Array
+    skipped_updates: jax.Array
+
+
+@struct.dataclass
+class RunnerState:
+    """Everything one device carries from update to update; a leading device axis when
+    pmapped. `rng` is a raw uint32 [2] key so checkpoints store it as plain data."""
+
+    policy: PolicyState
+    env_state: object
+    last_obs: object
+    rng: jax.Array
+    counters: Counters
+    loss_scale: LossScale
+
+
+def policy_outputs(policy, params, obs, use_action_mask: bool):
+    """(float32 logits [B, A] masked when masking is on, float32 value [B])."""
+    logits, value = policy.apply(params, obs)
+    mask = obs["action_mask"] if use_action_mask else None
+    return apply_action_mask(logits, mask), to_float32(value)
+
+
+def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
+    """pmapped `init(device_keys uint32 [D, 2], params_key uint32 [D, 2], env_params)`;
+    `params_key` must be the same key on every device so parameters start identical."""
+
+    def init(device_key, params_key, env_params):
+        obs, env_state = env.reset(device_key, env_params, staggered=True)
+        params = policy.init(params_key, jax.tree.map(lambda x: x[:1], obs))
+        counters = Counters(
+            update=jnp.zeros((), jnp.int32),
+            episode_return=jnp.zeros((env.num_envs,), jnp.float32),
+            episode_full=env.episode_age(env_state) == 0,
+        )
+        return RunnerState(
+            policy=PolicyState(params=params, opt_state=optimizer.init(params)),
+            env_state=env_state,
+            last_obs=obs,
+            rng=jax.random.fold_in(device_key, 1),
+            counters=counters,
+            loss_scale=LossScale(jnp.ones((), jnp.float32), jnp.zeros((), jnp.int32)),
+        )
+
+    return jax.pmap(init, axis_name=AXIS)
+
+
+def make_truncated_value_fn(outputs: Callable, num_envs: int, max_gathers: int | None = None):
+    """`values(params, final_obs, truncated bool [num_envs]) -> float32 [num_envs]`:
+    V(final_observation) where truncated, else 0. The critic runs only when some env timed
+    out, and then only on those envs (gathered) while at most `max_gathers` did."""
+    if max_gathers is None:
+        max_gathers = max(1, math.ceil(num_envs / 32))
+
+    def few(operands):
+        params, final_obs, truncated = operands
+        (index,) = jnp.nonzero(truncated, size=max_gathers, fill_value=num_envs)
+        gathered = jax.tree.map(lambda x: x[jnp.minimum(index, num_envs - 1)], final_obs)
+        _, values = outputs(params, gathered)
+        return jnp.zeros((num_envs,), jnp.float32).at[index].set(values, mode="drop")
+
+    def every(operands):
+        params, final_obs, truncated = operands
+        _, values = outputs(params, final_obs)
+        return jnp.where(truncated, values, 0.0)
+
+    def some(operands):
+        return jax.lax.cond(jnp.sum(operands[2]) <= max_gathers, few, every, operands)
+
+    def values(params, final_obs, truncated):
+        none = lambda _: jnp.zeros((num_envs,), jnp.float32)  # noqa: E731
+        return jax.lax.cond(jnp.any(truncated), some, none, (params, final_obs, truncated))
+
+    return values
+
+
+def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
+    """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
+    runner state. Metrics are float32 scalars, identical on every device."""
+    num_envs = env.num_envs
+    # XLA:CPU runs convolution gradients inside a while loop an order of magnitude slower
+    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops are unrolled.
+    unroll_updates = jax.default_backend() == "cpu"
+
+    def outputs(params, obs):
+        return policy_outputs(policy, params, obs, config.use_action_mask)
+
+    truncated_values = make_truncated_value_fn(outputs, num_envs)
+
+    def rollout_step(env_params, carry, _):
+        params, env_state, obs, rng, counters = carry
+        rng, key_action, key_env = jax.random.split(rng, 3)
+        logits, value = outputs(params, obs)
+        action = jax.random.categorical(key_action, logits).astype(jnp.int32)
+        age = env.episode_age(env_state)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            key_env, env_state, action, env_params
+        )
+        final_value = truncated_values(params, info["final_observation"], truncated)
+        done = terminated | truncated
+        episode_return = counters.episode_return + reward
+        reported = done & counters.episode_full
+        transition = ppo.Transition(
+            obs=obs,
+            action=action,
+            log_prob=ppo.categorical_log_prob(logits, action),
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_value=final_value,
+            age=age,
+            progress=info["episode_progress"],
+        )
+        episodes = {
+            "count": reported.astype(jnp.float32),
+            "return": jnp.where(reported, episode_return, 0.0),
+            "length": jnp.where(reported, age + 1, 0).astype(jnp.float32),
+            "task_done": info["task_done"].astype(jnp.float32),
+        }
+        counters = counters.replace(
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_full=counters.episode_full | done,
+        )
+        return (params, env_state, next_obs, rng, counters), (transition, episodes)
+
+    def loss_fn(params, batch, ent_coef):
+        logits, values = outputs(params, batch["obs"])
+        return ppo.ppo_loss(
+            logits,
+            values,
+            batch["action"],
+            batch["log_prob"],
+            batch["value"],
+            batch["advantage"],
+            batch["return"],
+            clip_eps=config.clip_eps,
+            vf_coef=config.vf_coef,
+            ent_coef=ent_coef,
+            clip_value_loss=config.clip_value_loss,
+            normalize_advantages=config.normalize_advantages,
+        )
+
+    def minibatch_update(carry, batch):
+        policy_state, ent_coef = carry
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (_, metrics), grads = grad_fn(policy_state.params, batch, ent_coef)
+        grads = jax.lax.pmean(grads, AXIS)
+        grad_norm = optax.tree.norm(grads)
+        # Decided on the averaged gradients, so every device takes the same branch.
+        finite = jnp.isfinite(grad_norm)
+        updates, opt_state = optimizer.update(grads, policy_state.opt_state, policy_state.params)
+        params = optax.apply_updates(policy_state.params, updates)
+        keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        new_state = PolicyState(
+            params=jax.tree.map(keep_old, params, policy_state.params),
+            opt_state=jax.tree.map(keep_old, opt_state, policy_state.opt_state),
+        )
+        metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32))
+        return (new_state, ent_coef), metrics
+
+    def epoch(carry, key):
+        policy_state, batch, ent_coef = carry
+        # Shuffle whole envs: each minibatch holds num_steps x (num_envs / M) transitions.
+        order = jax.random.permutation(key, num_envs)
+        per_minibatch = num_envs // config.num_minibatches
+
+        def split(x):
+            x = x[:, order].reshape(
+                (x.shape[0], config.num_minibatches, per_minibatch) + x.shape[2:]
+            )
+            x = jnp.swapaxes(x, 0, 1)
+            return x.reshape((config.num_minibatches, -1) + x.shape[3:])
+
+        minibatches = jax.tree.map(split, batch)
+        (policy_state, _), metrics = jax.lax.scan(
+            minibatch_update, (policy_state, ent_coef), minibatches, unroll=unroll_updates
+        )
+        return (policy_state, batch, ent_coef), metrics
+
+    def update(runner: RunnerState, env_params):
+        params = runner.policy.params
+        carry = (params, runner.env_state, runner.last_obs, runner.rng, runner.counters)
+        carry, (traj, episodes) = jax.lax.scan(
+            functools.partial(rollout_step, env_params), carry, None, config.num_steps
+        )
+        _, env_state, last_obs, rng, counters = carry
+        _, last_value = outputs(params, last_obs)
+        next_value = ppo.next_values(
+            traj.value, last_value, traj.terminated, traj.truncated, traj.final_value
+        )
+        done = traj.terminated | traj.truncated
+        advantages, returns = ppo.gae_advantages(
+            traj.reward, traj.value, next_value, done, config.gamma, config.gae_lambda
+        )
+        batch = {
+            "obs": traj.obs,
+            "action": traj.action,
+            "log_prob": traj.log_prob,
+            "value": traj.value,
+            "advantage": advantages,
+            "return": returns,
+        }
+        rng, key_epochs = jax.random.split(rng)
+        ent_coef = ppo.entropy_coefficient(config, counters.update)
+        (policy_state, _, _), update_metrics = jax.lax.scan(
+            epoch,
+            (runner.policy, batch, ent_coef),
+            jax.random.split(key_epochs, config.update_epochs),
+            unroll=unroll_updates,
+        )
+        skipped = jnp.sum(update_metrics.pop("skipped")).astype(jnp.int32)
+        metrics = {
+            f"train/{name}": jax.lax.pmean(jnp.mean(value), AXIS)
+            for name, value in update_metrics.items()
+        }
+        metrics.update(
+            {
+                "sched/entropy_coef": ent_coef,
+                "sched/lr": jnp.float32(config.lr),
+                "train/skipped_minibatch_updates": jnp.float32(skipped),
+            }
+        )
+        metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps))
+        new_runner = RunnerState(
+            policy=policy_state,
+            env_state=env_state,
+            last_obs=last_obs,
+            rng=rng,
+            counters=counters.replace(update=counters.update + 1),
+            loss_scale=runner.loss_scale.replace(
+                skipped_updates=runner.loss_scale.skipped_updates + skipped
+            ),
+        )
+        return new_runner, metrics
+
+    return jax.pmap(update, axis_name=AXIS, donate_argnums=(0,))
+
+
+def rollout_metrics(traj, episodes, done, returns, max_steps: int) -> dict[str, jax.Array]:
+    """Rollout statistics over all devices. Ratios whose count is 0 come out NaN (nothing
+    to report, e.g. no episode finished); the host drops them instead of logging 0."""
+    psum = lambda x: jax.lax.psum(jnp.sum(x), AXIS)  # noqa: E731
+    steps = psum(jnp.ones_like(traj.reward))
+    finished = psum(episodes["count"])
+    nan_if_empty = lambda total, count: jnp.where(count > 0, total / count, jnp.nan)  # noqa: E731
+    metrics = {
+        "train/reward": psum(traj.reward) / steps,
+        "train/done_rate": psum(done) / steps,
+        "train/task_done_rate": psum(episodes["task_done"]) / steps,
+        "train/timeout_rate": psum(traj.truncated) / steps,
+        "train/mean_episode_progress": psum(traj.progress) / steps,
+        "train/max_episode_progress": jax.lax.pmax(jnp.max(traj.progress), AXIS),
+        "train/episodes_finished": finished,
+        "train/episode_return": nan_if_empty(psum(episodes["return"]), finished),
+        "train/episode_length": nan_if_empty(psum(episodes["length"]), finished),
+    }
+    errors = returns - traj.value
+    overall = value_fit_metrics(errors, returns, jnp.ones_like(returns, bool), psum)
+    metrics["train/explained_variance"] = overall["explained_variance"]
+    metrics["train/rollout_value_loss"] = overall["value_loss"]
+    bucket = jnp.minimum(traj.age * NUM_AGE_BUCKETS // max_steps, NUM_AGE_BUCKETS - 1)
+    for b in range(NUM_AGE_BUCKETS):
+        lo, hi = b * 100 // NUM_AGE_BUCKETS, (b + 1) * 100 // NUM_AGE_BUCKETS
+        fit = value_fit_metrics(errors, returns, bucket == b, psum)
+        metrics.update({f"value_by_age/{lo:02d}_{hi}pct/{k}": v for k, v in fit.items()})
+    return metrics
+
+
+def value_fit_metrics(errors, returns, selected, psum) -> dict[str, jax.Array]:
+    """Value loss (0.5 mean squared error of the rollout values against the GAE returns)
+    and explained variance over the selected transitions, with their count."""
+    weight = selected.astype(jnp.float32)
+    count = psum(weight)
+    safe = jnp.maximum(count, 1.0)
+    mean_sq_error = psum(weight * errors**2) / safe
+    error_variance = mean_sq_error - (psum(weight * errors) / safe) ** 2
+    return_variance = psum(weight * returns**2) / safe - (psum(weight * returns) / safe) ** 2
+    explained = 1.0 - error_variance / jnp.maximum(return_variance, 1e-8)
+    return {
+        "value_loss": jnp.where(count > 0, 0.5 * mean_sq_error, jnp.nan),
+        "explained_variance": jnp.where(count > 1, explained, jnp.nan),
+        "count": count,
+    }

@@ -1,0 +1,167 @@
+"""TrainConfig presets, flags, validation, step accounting and the config round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from terra_rl.config import (
+    PRESETS,
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    get_preset,
+    resolve,
+    validate,
+)
+from terra_rl.flags import parse_train_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_solo_excavator_preset_matches_the_baseline():
+    c = get_preset("solo_excavator")
+    assert c.preset == "solo_excavator"
+    assert (c.env, c.map_types, c.map_size, c.max_steps) == (
+        "excavation", ("foundations",), 64, 550
+    )
+    assert c.wheeled_fraction == 0.0 and c.reward == "dense" and not c.use_action_mask
+    assert (c.num_envs_per_device, c.num_steps, c.update_epochs, c.num_minibatches) == (
+        1024, 32, 2, 16
+    )
+    assert c.total_timesteps == 50_000_000_000
+    assert (c.lr, c.gamma, c.gae_lambda, c.clip_eps, c.vf_coef, c.max_grad_norm) == (
+        3e-4, 0.9984, 0.95, 0.2, 2.0, 0.5
+    )
+    assert (c.ent_coef_start, c.ent_coef_end, c.ent_coef_decay_updates) == (0.15, 0.005, 9500)
+    assert (c.log_train_interval, c.log_eval_interval, c.checkpoint_interval) == (1, 100, 100)
+    assert c.eval_episodes == 100 and c.num_devices == 0
+
+
+def test_other_presets():
+    assert get_preset("trench_excavator").map_types == ("trenches",)
+    mixed = get_preset("mixed_excavators")
+    assert 0.0 < mixed.wheeled_fraction < 1.0 and set(mixed.map_types) == {
+        "foundations", "trenches"
+    }
+    demo = get_preset("cpu_demo")
+    assert demo.map_size <= 32 and demo.precision == "float32"
+    for name in PRESETS:
+        validate(resolve(get_preset(name), 4), 4)
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+@pytest.mark.parametrize("total", [1, 1000, 65_536, 1_000_001, 50_000_000_000])
+def test_step_accounting_covers_total_timesteps(devices, total):
+    c = dataclasses.replace(
+        get_preset("solo_excavator"), num_devices=devices, total_timesteps=total
+    )
+    assert c.num_envs == 1024 * devices
+    assert c.env_steps_per_update == 32 * 1024 * devices
+    assert c.num_updates * c.env_steps_per_update >= total
+    assert (c.num_updates - 1) * c.env_steps_per_update < total
+    assert c.minibatch_size * c.num_minibatches == c.num_envs_per_device * c.num_steps
+
+
+def test_flags_override_preset_fields():
+    args = parse_train_args(
+        ["--config", "cpu_demo", "--enable_action_mask", "--map_types", "foundations,trenches",
+         "--lr", "0.01", "--num_envs_per_device", "32", "--disable_clip_value_loss",
+         "--separate_actor_critic_trunks", "--eval_sampling"]
+    )
+    c = args.config
+    assert c.preset == "cpu_demo" and c.map_size == get_preset("cpu_demo").map_size
+    assert c.use_action_mask and c.map_types == ("foundations", "trenches")
+    assert c.lr == 0.01 and c.num_envs_per_device == 32 and not c.clip_value_loss
+    assert c.separate_actor_critic_trunks and c.eval_sampling
+    assert set(args.overrides) == {
+        "use_action_mask", "map_types", "lr", "num_envs_per_device", "clip_value_loss",
+        "separate_actor_critic_trunks", "eval_sampling",
+    }
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (dict(num_envs_per_device=100, num_minibatches=16), "not divisible"),
+        (dict(num_devices=8), "local device"),
+        (dict(eval_episodes=10, num_devices=4), "eval_episodes"),
+        (dict(precision="float8"), "--precision"),
+        (dict(map_size=48), "--map_size"),
+        (dict(map_types=("castles",)), "--map_types"),
+        (dict(env="atari:Pong"), "--env"),
+        (dict(env="gymnax:CartPole-v1", use_action_mask=True), "action_mask"),
+        (dict(num_steps=0), "--num_steps"),
+        (dict(gamma=1.5), "--gamma"),
+    ],
+)
+def test_invalid_configs_give_one_line_errors(change, fragment):
+    config = dataclasses.replace(get_preset("solo_excavator"), **{"num_devices": 4, **change})
+    with pytest.raises(ConfigError) as error:
+        validate(config, 4)
+    message = str(error.value)
+    assert fragment in message and "\n" not in message
+
+
+def test_resolve_fills_devices_and_dataset_from_environment(monkeypatch):
+    monkeypatch.setenv("DATASET_PATH", "/data/maps")
+    monkeypatch.setenv("DATASET_SIZE", "12")
+    c = resolve(get_preset("solo_excavator"), 4)
+    assert c.num_devices == 4 and c.dataset_path == "/data/maps" and c.dataset_size == 12
+    assert not c.compilation_cache_dir.startswith("~")
+    monkeypatch.setenv("DATASET_SIZE", "many")
+    with pytest.raises(ConfigError, match="DATASET_SIZE"):
+        resolve(get_preset("solo_excavator"), 4)
+
+
+def test_config_round_trip_and_legacy_defaults():
+    c = resolve(dataclasses.replace(get_preset("mixed_excavators"), wandb_tags=("a", "b")), 4)
+    assert config_from_dict(c.to_dict()) == c
+    old = c.to_dict()
+    del old["use_action_mask"]
+    # Today's preset could turn the mask on; an old config without the field had it off.
+    modern = dataclasses.replace(c, use_action_mask=True)
+    assert config_from_dict({**old}).use_action_mask is False
+    assert modern.use_action_mask is True
+    with pytest.raises(ConfigError, match="unknown config fields"):
+        config_from_dict({**old, "future_field": 1})
+    assert set(TrainConfig().to_dict()) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train_mixed.py"), *args],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )
+
+
+def test_cli_help_lists_every_field_with_preset_values():
+    result = run_cli("--config", "cpu_demo", "--help")
+    assert result.returncode == 0
+    for field in ("--num_envs_per_device", "--enable_action_mask", "--total_timesteps",
+                  "--map_encoder", "--wandb_mode", "--resume", "--compilation_cache_dir"):
+        assert field in result.stdout
+    assert "(preset: 16)" in result.stdout  # cpu_demo's map_size
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--bogus_flag", "1"], "unrecognized arguments"),
+        (["--num_envs_per_device", "100"], "not divisible"),
+        (["--num_devices", "64"], "local device"),
+        (["--config", "no_such_preset"], "invalid choice"),
+        (["--resume", "/nonexistent/run"], "/nonexistent/run"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(args, fragment, tmp_path):
+    extra = [] if "--resume" in args else ["--runs_dir", str(tmp_path)]
+    result = run_cli(*args, *extra)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0], result.stderr
+    assert not any(tmp_path.iterdir())  # nothing created

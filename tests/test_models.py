@@ -1,0 +1,317 @@
+"""Policy networks: shapes and dtypes, the precision policy (float32 parameters, compute in the
+chosen dtype, float32 outputs), separate vs shared trunks, gradients reaching every parameter,
+network selection by observation shape, and the parameter groups.
+
+Shape and dtype checks use `jax.eval_shape` / `jax.make_jaxpr` (trace only, no compile); the
+numeric checks share one compiled init + gradients function per configuration."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs import actions as A
+from terra_rl.models import (
+    ExcavationPolicy,
+    GymnaxCNNPolicy,
+    GymnaxMLPPolicy,
+    PolicyConfig,
+    count_parameters,
+    make_policy,
+    map_channels,
+    parameter_groups,
+)
+
+NUM_ACTIONS = A.NUM_ACTIONS
+SMALL = {"hidden_dim": 32, "map_feature_dim": 32}
+ARCHITECTURES = [
+    ("atari", False),
+    ("atari", True),
+    ("resnet", False),
+    ("resnet", True),
+]
+# Each gradient configuration costs one compile: together they cover both encoders, both
+# trunk layouts and both precisions.
+GRADIENT_CASES = [
+    ("atari", False, "float32"),
+    ("resnet", True, "float32"),
+    ("atari", True, "bfloat16"),
+    ("resnet", False, "bfloat16"),
+]
+
+
+def _case_id(case):
+    map_encoder, separate, precision = case
+    return f"{map_encoder}-{'separate' if separate else 'shared'}-{precision}"
+
+
+@pytest.fixture(scope="module")
+def obs4(batch16):
+    """Real reset observations of 4 envs (2 tracked, 2 wheeled), with a loaded bucket, a
+    turned wheel and a cabin heading, a few last actions."""
+    obs, _ = jax.jit(batch16.reset)(jax.random.PRNGKey(0))
+    obs = jax.tree.map(lambda x: np.asarray(x[np.array([0, 1, 14, 15])]), obs)
+    assert list(obs["agent_type"]) == [A.TRACKED, A.TRACKED, A.WHEELED, A.WHEELED]
+    agent_state = obs["agent_state"].copy()
+    agent_state[1, 5] = 3  # loaded
+    agent_state[2, 4] = -1  # wheel angle
+    agent_state[3, 4] = 1
+    agent_state[0, 3] = 5  # cabin heading
+    last_actions = obs["last_actions"].copy()
+    last_actions[:, 0] = [A.FORWARD, A.DO, A.WHEELS_LEFT, A.CABIN_CLOCK]
+    return {**obs, "agent_state": agent_state, "last_actions": last_actions}
+
+
+def _model(map_encoder="atari", separate=False, precision="float32"):
+    config = PolicyConfig(
+        map_encoder=map_encoder,
+        separate_actor_critic_trunks=separate,
+        precision=precision,
+        **SMALL,
+    )
+    return ExcavationPolicy(config, NUM_ACTIONS)
+
+
+def _abstract_params(model, obs):
+    return jax.eval_shape(model.init, jax.random.PRNGKey(0), obs)["params"]
+
+
+_GRADIENTS = {}
+
+
+def _gradients(case, obs):
+    """params and the gradients of three losses for one configuration (memoised)."""
+    if case not in _GRADIENTS:
+        model = _model(*case)
+
+        def init_and_grads(key, obs):
+            params = model.init(key, obs)["params"]
+            (logits, value), pullback = jax.vjp(lambda p: model.apply({"params": p}, obs), params)
+            weights = jax.random.normal(jax.random.PRNGKey(1), logits.shape)
+            # Cotangents of the losses sum(logits * weights) + sum(value), sum(logits *
+            # weights) and sum(value), pulled back in one vmapped backward pass.
+            logit_cotangents = jnp.stack([weights, weights, jnp.zeros_like(weights)])
+            value_cotangents = jnp.stack(
+                [jnp.ones_like(value), jnp.zeros_like(value), jnp.ones_like(value)]
+            )
+            (grads,) = jax.vmap(pullback)((logit_cotangents, value_cotangents))
+            names = ("total", "policy", "value")
+            return params, {
+                name: jax.tree.map(lambda g, i=i: g[i], grads) for i, name in enumerate(names)
+            }
+
+        _GRADIENTS[case] = jax.jit(init_and_grads)(jax.random.PRNGKey(0), obs)
+    return _GRADIENTS[case]
+
+
+def _leaves_with_paths(tree):
+    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(tree)}
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"map_encoder": "vit"}, {"precision": "float64"}, {"hidden_dim": 0}, {"map_feature_dim": -1}],
+)
+def test_policy_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        PolicyConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------- shapes, dtypes
+
+
+def test_map_channels_mark_the_agent_and_the_layers(obs4):
+    channels = np.asarray(map_channels(obs4))
+    assert channels.shape == (4, 16, 16, 7) and channels.dtype == np.float32
+    for env in range(4):
+        row, col = obs4["agent_state"][env, :2]
+        position = channels[env, :, :, 6]
+        assert position.sum() == 1 and position[row, col] == 1
+    np.testing.assert_array_equal(channels[..., 0], obs4["target_map"] == -1)
+    np.testing.assert_array_equal(channels[..., 1], obs4["target_map"] == 1)
+    np.testing.assert_array_equal(channels[..., 4], obs4["obstacles"] == 1)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(("map_encoder", "separate"), ARCHITECTURES)
+def test_outputs_are_float32_and_params_float32(obs4, map_encoder, separate, precision):
+    model = _model(map_encoder, separate, precision)
+    params = _abstract_params(model, obs4)
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    logits, value = jax.eval_shape(model.apply, {"params": params}, obs4)
+    assert (logits.shape, logits.dtype) == ((4, NUM_ACTIONS), jnp.float32)
+    assert (value.shape, value.dtype) == ((4,), jnp.float32)
+
+
+def test_extra_leading_batch_dims(obs4):
+    model = _model("resnet")
+    obs = jax.tree.map(lambda x: x.reshape(2, 2, *x.shape[1:]), obs4)
+    logits, value = jax.eval_shape(model.apply, {"params": _abstract_params(model, obs4)}, obs)
+    assert logits.shape == (2, 2, NUM_ACTIONS) and value.shape == (2, 2)
+
+
+def _matmul_operand_dtypes(jaxpr, found):
+    """Operand dtypes of every dot_general / conv in a jaxpr and its sub-jaxprs."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+            found.append((eqn.primitive.name, tuple(v.aval.dtype for v in eqn.invars)))
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _matmul_operand_dtypes(inner, found)
+    return found
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("map_encoder", ["atari", "resnet"])
+def test_matmuls_and_convs_run_in_the_compute_dtype(obs4, map_encoder, precision):
+    model = _model(map_encoder, False, precision)
+    params = _abstract_params(model, obs4)
+    jaxpr = jax.make_jaxpr(model.apply)({"params": params}, obs4).jaxpr
+    ops = _matmul_operand_dtypes(jaxpr, [])
+    names = {name for name, _ in ops}
+    assert names == {"dot_general", "conv_general_dilated"}
+    # trunk 2 + heads 2 + map Dense 1 + agent MLP 2 + local MLP 2
+    assert sum(name == "dot_general" for name, _ in ops) == 9
+    wrong = [(name, dtypes) for name, dtypes in ops if set(dtypes) != {jnp.dtype(precision)}]
+    assert not wrong
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("case", GRADIENT_CASES, ids=_case_id)
+def test_every_parameter_gets_a_finite_nonzero_gradient(obs4, case):
+    params, grads = _gradients(tuple(case), obs4)
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    for path, grad in _leaves_with_paths(grads["total"]).items():
+        grad = np.asarray(grad)
+        assert grad.dtype == np.float32, path
+        assert np.isfinite(grad).all(), path
+        assert np.abs(grad).max() > 0, path
+
+
+@pytest.mark.parametrize("case", [c for c in GRADIENT_CASES if c[1]], ids=_case_id)
+def test_separate_trunks_share_no_parameter(obs4, case):
+    params, grads = _gradients(tuple(case), obs4)
+    assert set(params) == {"actor_encoder", "critic_encoder", "policy_head", "value_head"}
+    assert count_parameters(params["actor_encoder"]) == count_parameters(params["critic_encoder"])
+    for loss, other_role in (
+        ("value", ("actor_encoder", "policy_head")),
+        ("policy", ("critic_encoder", "value_head")),
+    ):
+        for name in other_role:
+            leaves = jax.tree.leaves(grads[loss][name])
+            assert all(not np.asarray(g).any() for g in leaves), (loss, name)
+    # Each loss does reach its own encoder.
+    assert any(np.asarray(g).any() for g in jax.tree.leaves(grads["value"]["critic_encoder"]))
+    assert any(np.asarray(g).any() for g in jax.tree.leaves(grads["policy"]["actor_encoder"]))
+
+
+@pytest.mark.parametrize("case", [c for c in GRADIENT_CASES if not c[1]], ids=_case_id)
+def test_shared_trunk_receives_both_losses(obs4, case):
+    params, grads = _gradients(tuple(case), obs4)
+    assert set(params) == {"encoder", "policy_head", "value_head"}
+    for loss in ("value", "policy"):
+        trunk = grads[loss]["encoder"]["trunk"]
+        assert all(np.asarray(g).any() for g in jax.tree.leaves(trunk)), loss
+        map_encoder = grads[loss]["encoder"]["map_encoder"]
+        assert any(np.asarray(g).any() for g in jax.tree.leaves(map_encoder)), loss
+    assert not np.asarray(grads["value"]["policy_head"]["kernel"]).any()
+    assert not np.asarray(grads["policy"]["value_head"]["kernel"]).any()
+
+
+# --------------------------------------------------------------------------- gymnax, factory
+
+
+@pytest.mark.parametrize(
+    ("obs_shape", "expected_cls"),
+    [((4, 4), GymnaxMLPPolicy), ((4, 10, 10, 4), GymnaxCNNPolicy)],
+)
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_gymnax_networks_selected_by_obs_shape(obs_shape, expected_cls, precision):
+    obs = jnp.zeros(obs_shape, jnp.float32)
+    model = make_policy(PolicyConfig(precision=precision), 3, obs)
+    assert type(model) is expected_cls
+    params = jax.eval_shape(model.init, jax.random.PRNGKey(0), obs)["params"]
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    logits, value = jax.eval_shape(model.apply, {"params": params}, obs)
+    assert (logits.shape, logits.dtype) == ((4, 3), jnp.float32)
+    assert (value.shape, value.dtype) == ((4,), jnp.float32)
+    ops = _matmul_operand_dtypes(jax.make_jaxpr(model.apply)({"params": params}, obs).jaxpr, [])
+    assert ops and all(set(dtypes) == {jnp.dtype(precision)} for _, dtypes in ops)
+
+
+def test_gymnax_mlp_actor_and_critic_are_separate():
+    obs = jax.random.normal(jax.random.PRNGKey(0), (4, 4))
+    model = GymnaxMLPPolicy(2)
+
+    @jax.jit
+    def init_and_value_grads(key):
+        params = model.init(key, obs)["params"]
+        return params, jax.grad(lambda p: model.apply({"params": p}, obs)[1].sum())(params)
+
+    params, value_grads = init_and_value_grads(jax.random.PRNGKey(1))
+    assert set(params) == {"actor_encoder", "critic_encoder", "policy_head", "value_head"}
+    assert count_parameters(params) == 2 * (4 * 64 + 64 + 64 * 64 + 64) + (64 * 2 + 2) + 65
+    assert not any(np.asarray(g).any() for g in jax.tree.leaves(value_grads["actor_encoder"]))
+    assert all(np.asarray(g).any() for g in jax.tree.leaves(value_grads["critic_encoder"]))
+
+
+def test_make_policy_picks_the_excavation_policy(obs4):
+    config = PolicyConfig(map_encoder="resnet")
+    model = make_policy(config, NUM_ACTIONS, obs4)
+    assert type(model) is ExcavationPolicy
+    assert model.config == config and model.num_actions == NUM_ACTIONS
+
+
+@pytest.mark.parametrize(
+    "example_obs",
+    [
+        jnp.zeros((4,)),
+        jnp.zeros((4, 3, 3)),
+        jnp.zeros((4, 2, 3, 3, 3)),
+        {"observation": jnp.zeros((4, 3))},
+    ],
+    ids=["per-env-scalar", "per-env-2d", "per-env-4d", "unknown-dict"],
+)
+def test_make_policy_rejects_unsupported_observations(example_obs):
+    with pytest.raises(ValueError, match="observation"):
+        make_policy(PolicyConfig(), 3, example_obs)
+
+
+# --------------------------------------------------------------------------- parameter groups
+
+
+@pytest.mark.parametrize(("map_encoder", "separate"), ARCHITECTURES)
+def test_parameter_groups_partition_the_params(obs4, map_encoder, separate):
+    variables = jax.eval_shape(_model(map_encoder, separate).init, jax.random.PRNGKey(0), obs4)
+    groups = parameter_groups(variables)
+    assert set(groups) == {"policy_head", "value_head", "encoder"}
+    assert parameter_groups(variables["params"]).keys() == groups.keys()
+    total = count_parameters(variables)
+    assert sum(count_parameters(group) for group in groups.values()) == total
+    assert count_parameters(groups["policy_head"]) == 32 * NUM_ACTIONS + NUM_ACTIONS
+    assert count_parameters(groups["value_head"]) == 32 + 1
+    expected_encoders = {"actor_encoder", "critic_encoder"} if separate else {"encoder"}
+    assert set(groups["encoder"]) == expected_encoders
+    paths = [set(_leaves_with_paths(group)) for group in groups.values()]
+    assert sum(len(p) for p in paths) == len(jax.tree.leaves(variables))
+
+
+def test_parameter_groups_of_gymnax_networks():
+    for model, obs in (
+        (GymnaxMLPPolicy(2), jnp.zeros((1, 4))),
+        (GymnaxCNNPolicy(3), jnp.zeros((1, 10, 10, 4))),
+    ):
+        params = jax.eval_shape(model.init, jax.random.PRNGKey(0), obs)["params"]
+        groups = parameter_groups(params)
+        assert sum(map(count_parameters, groups.values())) == count_parameters(params)
+    with pytest.raises(ValueError, match="policy_head"):
+        parameter_groups({"encoder": {}})

@@ -1,0 +1,222 @@
+"""The pmapped update on 4 CPU devices, evaluation, resume, the gymnax adapter and the CLI.
+
+One tiny excavation config (16x16 maps, 8 envs per device, 8 steps, episodes of 12 steps
+so timeouts happen inside every rollout) is compiled once for the session.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from terra_rl.checkpointing import CheckpointStore
+from terra_rl.config import TrainConfig, resolve
+from terra_rl.logger import RunLogger, read_metrics
+from terra_rl.main import main
+from terra_rl.trainer import build_trainer, host_metrics, train
+from terra_rl.update import make_truncated_value_fn, policy_outputs
+
+NUM_DEVICES = 4
+TINY = dict(
+    map_size=16,
+    max_steps=12,
+    num_maps=16,
+    num_envs_per_device=8,
+    num_steps=8,
+    update_epochs=1,
+    num_minibatches=2,
+    map_feature_dim=32,
+    hidden_dim=32,
+    precision="float32",
+    eval_episodes=8,
+    log_train_interval=1,
+    log_eval_interval=2,
+    checkpoint_interval=2,
+    compilation_cache_dir="",
+    wandb_mode="disabled",
+    preset="tiny",
+)
+TINY_UPDATES = 4
+
+
+def tiny_config(**changes) -> TrainConfig:
+    fields = dict(TINY, num_devices=NUM_DEVICES,
+                  total_timesteps=TINY_UPDATES * 8 * 8 * NUM_DEVICES)
+    return resolve(TrainConfig(**{**fields, **changes}), jax.local_device_count())
+
+
+@pytest.fixture(scope="session")
+def tiny_trainer():
+    assert jax.local_device_count() >= NUM_DEVICES, "conftest forces 4 CPU devices"
+    return build_trainer(tiny_config())
+
+
+def leaves_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                                    strict=True))
+
+
+def test_four_device_updates(tiny_trainer):
+    trainer = tiny_trainer
+    runner = trainer.init_runner()
+    update_fn = trainer.compile_update(runner)
+    params_before = jax.device_get(runner.policy.params)
+    per_device = jax.tree.leaves(params_before)[0]
+    assert per_device.shape[0] == NUM_DEVICES
+    assert leaves_equal(
+        jax.tree.map(lambda x: x[0], params_before), jax.tree.map(lambda x: x[3], params_before)
+    )
+
+    first_metrics = None
+    for _ in range(2):
+        previous = runner
+        runner, metrics = update_fn(runner, trainer.env_params)
+        # The donated runner state was consumed: its buffers are deleted.
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(previous))
+        first_metrics = first_metrics or host_metrics(metrics)
+    metrics = host_metrics(metrics)
+
+    # Episodes of 12 steps cannot finish whole within the first 8-step rollout: nothing
+    # is reported rather than a 0.
+    assert first_metrics["train/episodes_finished"] == 0.0
+    assert "train/episode_return" not in first_metrics
+    for name in ("train/actor_loss", "train/value_loss", "train/entropy", "train/approx_kl",
+                 "train/clip_fraction", "train/grad_norm", "train/explained_variance",
+                 "sched/entropy_coef", "sched/lr", "train/done_rate", "train/timeout_rate",
+                 "train/task_done_rate", "train/mean_episode_progress",
+                 "train/max_episode_progress", "value_by_age/75_100pct/count"):
+        assert math.isfinite(metrics[name]), name
+    assert metrics["train/timeout_rate"] > 0.0  # timeouts inside the rollout
+    assert metrics["train/skipped_minibatch_updates"] == 0.0
+    bucket_counts = sum(metrics[f"value_by_age/{b}/count"]
+                        for b in ("00_25pct", "25_50pct", "50_75pct", "75_100pct"))
+    assert bucket_counts == 8 * 8 * NUM_DEVICES
+
+    params_after = jax.device_get(runner.policy.params)
+    assert not leaves_equal(params_before, params_after)
+    for device in range(1, NUM_DEVICES):
+        assert leaves_equal(
+            jax.tree.map(lambda x: x[0], params_after),
+            jax.tree.map(lambda x, d=device: x[d], params_after),
+        )
+    assert np.all(np.asarray(runner.counters.update) == 2)
+    # Envs differ per device: each device steps its own batch.
+    maps = np.asarray(runner.env_state.map_index)
+    assert not np.array_equal(maps[0], maps[1]) or not np.array_equal(
+        np.asarray(runner.env_state.age)[0], np.asarray(runner.env_state.age)[1]
+    )
+
+
+def test_evaluation_metrics(tiny_trainer):
+    trainer = tiny_trainer
+    runner = trainer.init_runner()
+    metrics = trainer.evaluate(runner, update=0)
+    action_share = sum(metrics[f"eval/{name}"] for name in trainer.eval_env.action_names)
+    assert action_share == pytest.approx(1.0, abs=1e-5)
+    assert 0.0 <= metrics["eval/positive_terminations"]
+    assert 0.0 <= metrics["eval/episode_completion_rate"] <= 1.0
+    # Fresh (unstaggered) episodes all time out exactly at the 12-step horizon.
+    assert metrics["eval/episodes_finished"] == trainer.config.eval_episodes
+    assert math.isfinite(metrics["eval/rewards"]) and math.isfinite(metrics["eval/max_reward"])
+    again = trainer.evaluate(runner, update=0)
+    assert again == metrics  # deterministic for a given update
+
+
+@pytest.mark.parametrize("num_truncated", [0, 1, 2, 5, 8])
+def test_truncated_values_only_where_truncated(tiny_trainer, num_truncated):
+    trainer = tiny_trainer
+    env = trainer.train_env
+    obs, _ = jax.jit(env.reset)(jax.random.PRNGKey(3), env.params)
+    params = trainer.policy.init(jax.random.PRNGKey(0), obs)
+
+    def outputs(p, o):
+        return policy_outputs(trainer.policy, p, o, False)
+
+    values_fn = jax.jit(make_truncated_value_fn(outputs, env.num_envs, max_gathers=2))
+    truncated = np.zeros(env.num_envs, bool)
+    truncated[np.random.default_rng(num_truncated).permutation(env.num_envs)[:num_truncated]] = 1
+    got = values_fn(params, obs, jnp.asarray(truncated))
+    _, all_values = outputs(params, obs)
+    np.testing.assert_allclose(got, np.where(truncated, all_values, 0.0), rtol=1e-5, atol=1e-6)
+
+
+def run_train(trainer, run_dir, *, resume=False, stop_after=None):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoints = CheckpointStore(run_dir / "checkpoints")
+    with RunLogger(run_dir, trainer.config.num_updates, progress_interval_s=0) as logger:
+        result = train(trainer, logger, checkpoints, resume=resume, stop_after=stop_after)
+    checkpoints.close()
+    return result
+
+
+def test_resume_equals_straight_run(tiny_trainer, tmp_path):
+    straight = run_train(tiny_trainer, tmp_path / "straight")
+    assert straight.updates_done == TINY_UPDATES
+    assert straight.env_steps == TINY_UPDATES * tiny_trainer.config.env_steps_per_update
+
+    staged_dir = tmp_path / "staged"
+    first = run_train(tiny_trainer, staged_dir, stop_after=2)
+    assert first.updates_done == 2
+    resumed = run_train(tiny_trainer, staged_dir, resume=True)
+    assert resumed.updates_done == TINY_UPDATES
+    assert leaves_equal(jax.device_get(straight.runner), jax.device_get(resumed.runner))
+
+    records = read_metrics(staged_dir / "metrics.jsonl")
+    train_updates = [r["update"] for r in records if "train/actor_loss" in r]
+    assert train_updates == [1, 2, 3, 4]
+    evals = [r for r in records if "eval/rewards" in r]
+    assert [r["update"] for r in evals] == [2, 4]
+    assert records[0]["performance/compile_seconds"] > 0
+    assert CheckpointStore(staged_dir / "checkpoints").latest_step() == TINY_UPDATES
+
+
+def test_gymnax_cartpole_trains():
+    config = resolve(
+        TrainConfig(
+            env="gymnax:CartPole-v1", num_devices=1, num_envs_per_device=8, num_steps=16,
+            total_timesteps=3 * 16 * 8, update_epochs=2, num_minibatches=2, eval_episodes=4,
+            precision="float32", compilation_cache_dir="", log_eval_interval=0,
+        ),
+        jax.local_device_count(),
+    )
+    trainer = build_trainer(config)
+    runner = trainer.init_runner()
+    update_fn = trainer.compile_update(runner)
+    params_before = jax.device_get(runner.policy.params)
+    for _ in range(3):
+        runner, metrics = update_fn(runner, trainer.env_params)
+    metrics = host_metrics(metrics)
+    assert all(math.isfinite(metrics[k]) for k in ("train/actor_loss", "train/value_loss"))
+    assert metrics["train/reward"] == pytest.approx(1.0)
+    assert not leaves_equal(params_before, jax.device_get(runner.policy.params))
+    evals = trainer.evaluate(runner, update=3)
+    assert "eval/positive_terminations" not in evals  # gymnax has no success notion
+    assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
+
+
+def test_cli_runs_and_resumes(tmp_path, capsys):
+    flags = ["--config", "cpu_demo", "--runs_dir", str(tmp_path), "--run_name", "cli",
+             "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
+    for name, value in TINY.items():
+        if name not in ("preset", "wandb_mode", "compilation_cache_dir"):
+            flags += [f"--{name}", str(value)]
+    flags += ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
+    assert main(flags) == 0
+    run_dir = tmp_path / "cli"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"run directory: {run_dir}"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["num_devices"] == NUM_DEVICES and config["preset"] == "cpu_demo"
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert "jax" in manifest["packages"] and manifest["argv"][0] == "train_mixed.py"
+
+    assert main(["--resume", str(run_dir), "--total_timesteps", str(3 * 8 * 8 * 4)]) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["update"] for r in records if "train/actor_loss" in r] == [1, 2, 3]
+    assert CheckpointStore(run_dir / "checkpoints").latest_step() == 3
+    resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
+    assert len(resumes) == 1
