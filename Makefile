@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEMO_OUT ?= runs/demo/episode.gif
+TRAIN_ARGS ?=
 
-.PHONY: train test lint benchmark-env venv
+.PHONY: train test lint benchmark-env benchmark-train venv
 
 venv: $(STAMP)
 
@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-# Until the PPO trainer lands, `make train` runs the environment demo: one episode of the
-# scripted `eager` policy on a procedural 32x32 map, written as a GIF.
+# The main job on its CPU-sized preset: procedural maps, no dataset, W&B off. Extra flags:
+# make train TRAIN_ARGS="--total_timesteps 100000"
 train: $(STAMP)
-	$(PY) scripts/play_episode.py --policy eager --map-size 32 --max-steps 300 --seed 2 --out $(DEMO_OUT)
+	$(PY) train_mixed.py --config cpu_demo $(TRAIN_ARGS)
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: $(STAMP) lint
@@ -30,3 +30,9 @@ lint: $(STAMP)
 
 benchmark-env: $(STAMP)
 	$(PY) scripts/benchmark_env.py --json docs/benchmarks/env_cpu.json
+
+benchmark-train: $(STAMP)
+	$(PY) scripts/benchmark_train.py --config cpu_demo --json docs/benchmarks/train_cpu_demo.json
+	$(PY) scripts/benchmark_train.py --config solo_excavator --set num_devices=1 \
+		--set num_envs_per_device=64 --set precision=float32 \
+		--json docs/benchmarks/train_solo_scaled.json

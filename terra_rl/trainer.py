@@ -189,6 +189,10 @@ def train(
 
     train_metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
+    if start == 0 and config.log_eval_interval > 0:
+        # The untrained policy's eval: the baseline every later eval is compared with.
+        eval_metrics = trainer.evaluate(runner, 0)
+        logger.log_eval(0, 0, eval_metrics)
     last_log_time, last_log_update = time.perf_counter(), start
     for update in range(start, last_update):
         runner, device_metrics = update_fn(runner, trainer.env_params)

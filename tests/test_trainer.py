@@ -1,13 +1,16 @@
 """The pmapped update on 4 CPU devices, evaluation, resume, the gymnax adapter and the CLI.
 
-One tiny excavation config (16x16 maps, 8 envs per device, 8 steps, episodes of 12 steps
-so timeouts happen inside every rollout) is compiled once for the session.
+One tiny excavation config (cpu_demo's trench maps and action mask, 8 envs per device,
+8 steps, episodes of 12 steps so timeouts happen inside every rollout) is compiled once for
+the session; the CLI and benchmark tests build the same shapes from the cpu_demo preset.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +27,8 @@ from terra_rl.update import make_truncated_value_fn, policy_outputs
 NUM_DEVICES = 4
 TINY = dict(
     map_size=16,
+    map_types=("trenches",),
+    use_action_mask=True,
     max_steps=12,
     num_maps=16,
     num_envs_per_device=8,
@@ -170,8 +175,9 @@ def test_resume_equals_straight_run(tiny_trainer, tmp_path):
     train_updates = [r["update"] for r in records if "train/actor_loss" in r]
     assert train_updates == [1, 2, 3, 4]
     evals = [r for r in records if "eval/rewards" in r]
-    assert [r["update"] for r in evals] == [2, 4]
-    assert records[0]["performance/compile_seconds"] > 0
+    assert [r["update"] for r in evals] == [0, 2, 4]
+    train_records = [r for r in records if "train/actor_loss" in r]
+    assert train_records[0]["performance/compile_seconds"] > 0
     assert CheckpointStore(staged_dir / "checkpoints").latest_step() == TINY_UPDATES
 
 
@@ -203,7 +209,8 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     flags = ["--config", "cpu_demo", "--runs_dir", str(tmp_path), "--run_name", "cli",
              "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
     for name, value in TINY.items():
-        if name not in ("preset", "wandb_mode", "compilation_cache_dir"):
+        if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
+                        "use_action_mask"):  # cpu_demo's own values
             flags += [f"--{name}", str(value)]
     flags += ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
     assert main(flags) == 0
@@ -220,3 +227,25 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     assert CheckpointStore(run_dir / "checkpoints").latest_step() == 3
     resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
     assert len(resumes) == 1
+
+
+
+def test_benchmark_train_script(tmp_path, capsys):
+    path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_train.py"
+    spec = importlib.util.spec_from_file_location("benchmark_train", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    skip = ("preset", "compilation_cache_dir", "map_types", "use_action_mask")
+    sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
+    sets += [f"num_devices={NUM_DEVICES}"]
+    args = ["--config", "cpu_demo", "--updates", "1", "--json", str(tmp_path / "b.json")]
+    for pair in sets:
+        args += ["--set", pair]
+    assert script.main(args) == 0
+    record = json.loads((tmp_path / "b.json").read_text())
+    assert record["env_steps_per_update"] == 8 * 8 * NUM_DEVICES
+    assert record["steps_per_second"] > 0 and record["compile_seconds"] > 0
+    assert "env steps/s" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as error:
+        script.main(["--set", "no_such_field=1"])
+    assert error.value.code == 2
