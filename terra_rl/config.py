@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from terra_rl.models import MAP_ENCODERS
 from terra_rl.precision import PRECISIONS
 
-MAP_ENCODERS = ("atari", "resnet")
 REWARD_KINDS = ("dense", "sparse")
 WANDB_MODES = ("", "online", "offline", "disabled")
 DEFAULT_COMPILATION_CACHE_DIR = str(Path("~/.cache/terra_rl/xla-cache"))
