@@ -11,7 +11,7 @@ bump into things):
           when loaded, or any dumpable tile on maps without zones); else turn the cabin
           towards the nearest arm heading whose local map shows such work; else random.
           A scripted baseline that shows digging and dumping
-A trained checkpoint's policy arrives with the trainer. Colours: see `envs/render.py`.
+Rendering a trained checkpoint's policy is not supported yet. Colours: see `envs/render.py`.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     if args.policy not in POLICIES:
         parser.error(
             f"unknown --policy {args.policy!r}: choose one of {', '.join(POLICIES)}; "
-            "a trained-checkpoint policy arrives with the trainer"
+            "rendering a trained checkpoint is not supported yet"
         )
     for name in ("max_steps", "tile_pixels"):
         if getattr(args, name) < 1:

@@ -194,5 +194,5 @@ def test_play_episode_rejects_unknown_policy(tmp_path):
     result = _run_script("--policy", "ppo", "--out", str(tmp_path / "x.gif"))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "policy" in lines[0] and "trainer" in lines[0]
+    assert len(lines) == 1 and "policy" in lines[0] and "checkpoint" in lines[0]
     assert not (tmp_path / "x.gif").exists()
