@@ -38,6 +38,18 @@ def params_from_maps(maps: MapSet) -> EnvParams:
     )
 
 
+def dataset_from_environment() -> tuple[str | None, int | None]:
+    """(`DATASET_PATH`, `DATASET_SIZE`) from the environment, None where unset."""
+    path = os.environ.get("DATASET_PATH") or None
+    size = os.environ.get("DATASET_SIZE")
+    if not size:
+        return path, None
+    try:
+        return path, int(size)
+    except ValueError as error:
+        raise DatasetError(f"DATASET_SIZE must be an integer, got {size!r}") from error
+
+
 def make_env_params(
     config: EnvConfig,
     *,
@@ -52,14 +64,9 @@ def make_env_params(
     `dataset_path` / `dataset_size` default to the `DATASET_PATH` / `DATASET_SIZE`
     environment variables; `dataset_size` keeps the first K maps of the dataset.
     """
+    if dataset_size is None:
+        _, dataset_size = dataset_from_environment()
     dataset_path = dataset_path or os.environ.get("DATASET_PATH") or None
-    if dataset_size is None and os.environ.get("DATASET_SIZE"):
-        try:
-            dataset_size = int(os.environ["DATASET_SIZE"])
-        except ValueError as error:
-            raise DatasetError(
-                f"DATASET_SIZE must be an integer, got {os.environ['DATASET_SIZE']!r}"
-            ) from error
     if dataset_path:
         maps = load_map_dataset(dataset_path, max_maps=dataset_size)
         if maps.size != config.map_size:

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from envs.dataset import DatasetError
+from envs.params import dataset_from_environment
 from terra_rl.models import MAP_ENCODERS
 from terra_rl.precision import PRECISIONS
 
@@ -209,15 +211,14 @@ def resolve(config: TrainConfig, num_local_devices: int) -> TrainConfig:
     updates: dict[str, Any] = {}
     if config.num_devices == 0:
         updates["num_devices"] = num_local_devices
-    if not config.dataset_path and os.environ.get("DATASET_PATH"):
-        updates["dataset_path"] = os.environ["DATASET_PATH"]
-    if not config.dataset_size and os.environ.get("DATASET_SIZE"):
-        try:
-            updates["dataset_size"] = int(os.environ["DATASET_SIZE"])
-        except ValueError as error:
-            raise ConfigError(
-                f"DATASET_SIZE must be an integer, got {os.environ['DATASET_SIZE']!r}"
-            ) from error
+    try:
+        env_path, env_size = dataset_from_environment()
+    except DatasetError as error:
+        raise ConfigError(str(error)) from error
+    if not config.dataset_path and env_path:
+        updates["dataset_path"] = env_path
+    if not config.dataset_size and env_size:
+        updates["dataset_size"] = env_size
     if config.compilation_cache_dir:
         updates["compilation_cache_dir"] = os.path.expanduser(config.compilation_cache_dir)
     resolved = dataclasses.replace(config, **updates)

@@ -171,8 +171,9 @@ def train(
     runner = trainer.init_runner()
     start = 0
     if resume:
-        host_target = jax.device_get(runner)
-        restored, _ = checkpoints.restore(None, host_target)
+        # Shapes and dtypes are all restore needs; no copy of the fresh state to the host.
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), runner)
+        restored, _ = checkpoints.restore(None, target)
         runner = trainer.shard(restored)
         start = int(np.asarray(restored.counters.update).reshape(-1)[0])
         logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
