@@ -4,8 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TRAIN_ARGS ?=
+GATES_ARGS ?=
+GATES := $(PY) scripts/validation/validate_gates.py --case all --jax-platforms cpu
 
-.PHONY: train test lint benchmark-env benchmark-train venv
+.PHONY: train test lint gates benchmark-env benchmark-train venv
 
 venv: $(STAMP)
 
@@ -19,11 +21,18 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train_mixed.py --config cpu_demo $(TRAIN_ARGS)
 
+# ruff, then pytest, then the validation gates (which reuse pytest's compilation cache).
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: $(STAMP) lint
 	@$(PY) -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+	$(GATES)
+
+# The CPU validation gates before a launch (docs/VALIDATION.md). Extra flags:
+# make gates GATES_ARGS="--dataset-path data/maps64 --json gates.json"
+gates: $(STAMP)
+	$(GATES) $(GATES_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -14,6 +14,12 @@ by a strictly better value" at the same time. The price is a second write when t
 Saves are synchronous. Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it
 into place only when complete, so a crash mid-save leaves the previous latest step intact; stale
 tmp directories are ignored by step listing and removed before the next save.
+
+Multi-process runs: the state passed to `save` is host numpy (gathered onto every process by
+the trainer), and only process 0 saves; every process restores from the same files (a
+filesystem shared by all nodes). Each process's managers therefore act alone (orbax's
+``active_processes`` is the process itself): no orbax barrier waits for processes that never
+call the store. The other processes open the store with ``read_only=True``.
 """
 
 from __future__ import annotations
@@ -36,11 +42,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing or does not fit the target; the message says how to fix it."""
 
 
+# Warnings orbax gives on every read-only manager (the stores of processes other than 0).
+_READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+
 class _DropOrbaxInfo(logging.Filter):
-    """Drops orbax's INFO/DEBUG records (dozens per save); warnings and other libraries pass."""
+    """Drops orbax's INFO/DEBUG records (dozens per save) and its read-only notices; other
+    warnings and other libraries pass."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+        if "orbax" not in record.pathname:
+            return True
+        return record.levelno >= logging.WARNING and not str(record.msg).startswith(
+            _READ_ONLY_NOTICES
+        )
 
 
 # Orbax logs through absl, whose records all go to the python logger named "absl".
@@ -49,12 +64,22 @@ if not any(isinstance(f, _DropOrbaxInfo) for f in _absl_logger.filters):
     _absl_logger.addFilter(_DropOrbaxInfo())
 
 
-def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+def _multiprocessing_options() -> ocp.options.MultiprocessingOptions:
+    """One process: orbax's defaults. Several: this process alone (see the module doc)."""
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    process = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=process, active_processes={process})
+
+
+def _handler_registry(
+    multiprocessing: ocp.options.MultiprocessingOptions,
+) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     # Registering the items up front lets a fresh manager read metadata and restore single items
     # of checkpoints written by another process (orbax otherwise only knows items it has saved).
     registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    state_handler = ocp.handlers.StandardCheckpointHandler()
-    config_handler = ocp.handlers.JsonCheckpointHandler()
+    state_handler = ocp.handlers.StandardCheckpointHandler(multiprocessing_options=multiprocessing)
+    config_handler = ocp.handlers.JsonCheckpointHandler(multiprocessing_options=multiprocessing)
     registry.add("state", ocp.args.StandardSave, state_handler)
     registry.add("state", ocp.args.StandardRestore, state_handler)
     registry.add("config", ocp.args.JsonSave, config_handler)
@@ -62,13 +87,23 @@ def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     return registry
 
 
-def _manager(directory: Path, keep: int) -> ocp.CheckpointManager:
+def _manager(directory: Path, keep: int, read_only: bool) -> ocp.CheckpointManager:
+    multiprocessing = _multiprocessing_options()
+    # Orbax refuses to create the directory when `active_processes` is set.
+    create = multiprocessing.active_processes is None and not read_only
+    if not read_only and not create:
+        directory.mkdir(parents=True, exist_ok=True)
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=False,
         preservation_policy=ocp.checkpoint_managers.LatestN(keep),
-        cleanup_tmp_directories=True,
+        cleanup_tmp_directories=not read_only,
+        read_only=read_only,
+        create=create,
+        multiprocessing_options=multiprocessing,
     )
-    return ocp.CheckpointManager(directory, options=options, handler_registry=_handler_registry())
+    return ocp.CheckpointManager(
+        directory, options=options, handler_registry=_handler_registry(multiprocessing)
+    )
 
 
 def _to_host(state: Any) -> Any:
@@ -122,6 +157,8 @@ class CheckpointStore:
 
     `best_metric` is read from the `metrics` passed to `save`; higher is better. A checkpoint
     becomes the best only if its value is finite and strictly greater than the best so far.
+    `read_only` opens a store that only restores: it creates, cleans and saves nothing (the
+    store of every process but process 0 in a multi-process run).
     """
 
     def __init__(
@@ -129,13 +166,16 @@ class CheckpointStore:
         directory: str | Path,
         keep_last: int = 3,
         best_metric: str = DEFAULT_BEST_METRIC,
+        *,
+        read_only: bool = False,
     ):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         self.directory = Path(directory).absolute()
         self.best_metric = best_metric
-        self._latest = _manager(self.directory, keep_last)
-        self._best = _manager(self.directory / BEST_SUBDIR, 1)
+        self.read_only = read_only
+        self._latest = _manager(self.directory, keep_last, read_only)
+        self._best = _manager(self.directory / BEST_SUBDIR, 1, read_only)
         best_step = self._best.latest_step()
         best_metrics = self.metrics(best_step) if best_step is not None else {}
         value = best_metrics.get(best_metric)
@@ -178,6 +218,8 @@ class CheckpointStore:
         checkpoint if `metrics[best_metric]` beats the previous best; True forces it, False
         never. Returns whether it became the best. `step` must exceed the latest saved step.
         """
+        if self.read_only:
+            raise CheckpointError(f"cannot save step {step}: {self.directory} is open read-only")
         step = int(step)
         latest = self.latest_step()
         if latest is not None and step <= latest:

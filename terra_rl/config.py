@@ -53,7 +53,7 @@ class TrainConfig:
 
     # Scale and step accounting
     num_devices: int = 0
-    """0 = all local devices."""
+    """0 = all local devices (with --distributed: all devices of every process)."""
     num_envs_per_device: int = 1024
     num_steps: int = 32
     total_timesteps: int = 50_000_000_000

@@ -1,6 +1,10 @@
 """Command-line flags for `TrainConfig`: `--config PRESET`, one `--field value` per field,
 booleans as `--enable_x` / `--disable_x` (`use_action_mask` -> `--enable_action_mask`),
 tuples as comma lists, and `--resume RUN_DIR`.
+
+Launch options that are not config fields (they never reach `config.json`, so a resumed run may
+be launched differently): `--distributed` with `--coordinator_address HOST:PORT`,
+`--num_processes N` and `--process_id I` (see `terra_rl.distributed`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import typing
 
 from terra_rl.cli import OneLineErrorParser
 from terra_rl.config import PRESETS, TrainConfig, get_preset
+from terra_rl.distributed import DistributedOptions
 
 # Fields that may change when a run is resumed; anything else would change shapes,
 # semantics or the meaning of the step counters.
@@ -40,6 +45,8 @@ class TrainArgs:
     """The preset (or resumed config) with the given flags applied; not yet resolved."""
     resume: str | None
     overrides: dict[str, typing.Any]
+    distributed: DistributedOptions = DistributedOptions()
+    """Multi-process launch options (not part of the config)."""
 
 
 @functools.cache
@@ -76,6 +83,7 @@ def build_parser(base: TrainConfig) -> OneLineErrorParser:
         help="continue the run in RUN_DIR from its latest checkpoint (only logging, "
         "checkpoint and total_timesteps flags may change)",
     )
+    add_launch_flags(parser)
     docs = field_docs()
     hints = typing.get_type_hints(TrainConfig)
     for field in dataclasses.fields(TrainConfig):
@@ -110,6 +118,52 @@ def build_parser(base: TrainConfig) -> OneLineErrorParser:
     return parser
 
 
+def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "multi-process launch", "launch options, not config fields (never in config.json)"
+    )
+    group.add_argument(
+        "--distributed", action="store_true", default=False,
+        help="call jax.distributed.initialize() first and train on every device of every "
+        "process (only process 0 writes logs and checkpoints); without the three flags below, "
+        "the processes are found from Slurm's SLURM_* variables",
+    )
+    group.add_argument("--coordinator_address", metavar="HOST:PORT", default=None,
+                       help="process 0's host and a free port (needs --distributed)")
+    group.add_argument("--num_processes", metavar="N", type=int, default=None,
+                       help="number of processes (needs --distributed)")
+    group.add_argument("--process_id", metavar="I", type=int, default=None,
+                       help="this process's index, 0..N-1 (needs --distributed)")
+
+
+def distributed_options(args: dict[str, typing.Any], parser) -> DistributedOptions:
+    """Pops the launch flags from parsed `args`; inconsistent ones are a parser error."""
+    options = DistributedOptions(
+        enabled=args.pop("distributed"),
+        coordinator_address=args.pop("coordinator_address"),
+        num_processes=args.pop("num_processes"),
+        process_id=args.pop("process_id"),
+    )
+    given = [f"--{name}" for name in ("coordinator_address", "num_processes", "process_id")
+             if getattr(options, name) is not None]
+    if given and not options.enabled:
+        parser.error(f"{', '.join(given)} needs --distributed")
+    if options.num_processes is not None and options.num_processes < 1:
+        parser.error(f"--num_processes must be >= 1, got {options.num_processes}")
+    if options.process_id is not None and options.process_id < 0:
+        parser.error(f"--process_id must be >= 0, got {options.process_id}")
+    if (options.num_processes is not None and options.process_id is not None
+            and options.process_id >= options.num_processes):
+        parser.error(f"--process_id {options.process_id} is not below --num_processes "
+                     f"{options.num_processes}")
+    address = options.coordinator_address
+    if address is not None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            parser.error(f"--coordinator_address must be HOST:PORT, got {address!r}")
+    return options
+
+
 def _comma_tuple(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -124,6 +178,7 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
     args = vars(parser.parse_args(argv))
     preset_name = args.pop("config")
     resume = args.pop("resume")
+    launch = distributed_options(args, parser)
     overrides = args
     if resume is not None:
         if any(arg == "--config" or arg.startswith("--config=") for arg in argv):
@@ -134,6 +189,6 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
                 f"--resume keeps the run's config; these flags cannot change: "
                 f"{', '.join('--' + name for name in fixed)}"
             )
-        return TrainArgs(config=base, resume=resume, overrides=overrides)
+        return TrainArgs(config=base, resume=resume, overrides=overrides, distributed=launch)
     config = dataclasses.replace(get_preset(preset_name), **overrides)
-    return TrainArgs(config=config, resume=None, overrides=overrides)
+    return TrainArgs(config=config, resume=None, overrides=overrides, distributed=launch)

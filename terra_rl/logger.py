@@ -1,7 +1,8 @@
 """Host-side logging of a training run: metrics.jsonl, Weights & Biases, and a progress line.
 
 `RunLogger` is what the trainer's host loop uses; the three parts it composes are usable alone.
-Only one process of a multi-host job should create a RunLogger (e.g. `jax.process_index() == 0`).
+Only one process of a multi-host job should create a RunLogger (process 0); the others use
+`NullRunLogger`.
 """
 
 from __future__ import annotations
@@ -338,6 +339,34 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log({"update": record["update"], **metrics}, step=env_step)
         return {k: record[k] for k in metrics}
+
+
+class NullRunLogger:
+    """`RunLogger`'s interface, writing and printing nothing: the logger of every process but
+    process 0 in a multi-process run, which computes the same metrics but must not log them."""
+
+    last_eval: dict[str, Any] | None = None
+
+    def log_train(self, update: int, env_step: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def log_eval(self, update: int, env_step: int, metrics: Mapping[str, Any]) -> None:
+        pass
+
+    def progress(self, update: int, env_step: int, steps_per_second: float | None) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> NullRunLogger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def _si(value: float) -> str:

@@ -2,6 +2,12 @@
 
 Bad input (flags, dataset, run directory, checkpoint) exits with code 2 and one line on
 stderr, before anything is compiled.
+
+With `--distributed`, `jax.distributed.initialize()` runs first, before any other JAX work.
+Every process then resolves the same config against the global device count; process 0 picks
+the run name and alone writes the run directory, W&B, metrics and checkpoints. Set-up errors
+are shared (`distributed.first_error`), so all processes exit together with code 2 rather than
+waiting in a collective for a process that has already exited.
 """
 
 from __future__ import annotations
@@ -13,10 +19,11 @@ from pathlib import Path
 import jax
 
 from envs.dataset import DatasetError
+from terra_rl import distributed
 from terra_rl.checkpointing import CheckpointError, CheckpointStore
 from terra_rl.config import ConfigError, config_from_dict, resolve
 from terra_rl.flags import parse_train_args
-from terra_rl.logger import RunLogger, WandbLogger
+from terra_rl.logger import NullRunLogger, RunLogger, WandbLogger
 from terra_rl.run_dir import (
     RunDirError,
     append_resume_record,
@@ -45,27 +52,83 @@ def setup_compilation_cache(directory: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_train_args(argv)
+    if args.distributed.enabled:
+        try:
+            distributed.initialize(args.distributed)
+        except distributed.DistributedError as error:
+            fail(str(error))
+    writer = distributed.is_writer()
+    setup_errors = (ConfigError, DatasetError, RunDirError, CheckpointError, ValueError)
+
+    error = ""
     try:
         if args.resume is not None:
             run_dir, saved = open_run_dir(args.resume)
             config = dataclasses.replace(config_from_dict(saved), **args.overrides)
-            config = resolve(config, jax.local_device_count())
-            if CheckpointStore(run_dir / "checkpoints").latest_step() is None:
-                fail(f"{run_dir} has no checkpoint to resume from; start a new run instead")
+            config = resolve(config, jax.device_count())
         else:
-            config = resolve(args.config, jax.local_device_count())
-            run_name = config.run_name or default_run_name(config.preset or "custom")
-            config = dataclasses.replace(config, run_name=run_name)
+            config = resolve(args.config, jax.device_count())
         setup_compilation_cache(config.compilation_cache_dir)
+    except setup_errors as exc:
+        error = str(exc)
+    stop_if_any_failed(error)
+
+    try:
+        if args.resume is not None:
+            with CheckpointStore(run_dir / "checkpoints", read_only=not writer) as store:
+                latest = store.latest_step()
+            if latest is None:
+                raise CheckpointError(
+                    f"{run_dir} has no checkpoint to resume from; start a new run instead"
+                )
+        else:
+            run_name = config.run_name or default_run_name(config.preset or "custom")
+            config = dataclasses.replace(config, run_name=distributed.broadcast_text(run_name))
         trainer = build_trainer(config)
         if args.resume is None:
-            run_dir = create_run_dir(config.runs_dir, config.run_name, config.to_dict(),
-                                     [PROG, *argv])
-        else:
+            run_dir = Path(config.runs_dir) / config.run_name
+            if writer:
+                run_dir = create_run_dir(config.runs_dir, config.run_name, config.to_dict(),
+                                         [PROG, *argv])
+        elif writer:
             append_resume_record(run_dir, [PROG, *argv])
-    except (ConfigError, DatasetError, RunDirError, CheckpointError, ValueError) as error:
-        fail(str(error))
+    except setup_errors as exc:
+        error = str(exc)
+    stop_if_any_failed(error)
 
+    checkpoints = CheckpointStore(run_dir / "checkpoints", keep_last=config.keep_checkpoints,
+                                  read_only=not writer)
+    eval_keys = ("eval/rewards", "eval/positive_terminations", "eval/episode_return")
+    logger = make_logger(run_dir, config, eval_keys) if writer else NullRunLogger()
+    with logger:
+        logger.message(f"run directory: {run_dir}")
+        result = train(trainer, logger, checkpoints, resume=args.resume is not None)
+        evals = result.last_eval_metrics
+        summary = ", ".join(
+            f"{name.removeprefix('eval/')} {evals[name]:.3g}"
+            for name in eval_keys
+            if name in evals
+        )
+        logger.message(
+            f"done: {result.updates_done:,} updates, {result.env_steps:,} env steps; "
+            f"last eval: {summary or 'none'}"
+        )
+    checkpoints.close()
+    if writer:
+        print(f"run directory: {run_dir.resolve()}")
+    return 0
+
+
+def stop_if_any_failed(error: str) -> None:
+    """Exit 2 with `error`, or with another process's error (a collective with several
+    processes, so every process stops at the same point)."""
+    error = distributed.first_error(error)
+    if error:
+        fail(error)
+
+
+def make_logger(run_dir: Path, config, eval_keys: tuple[str, ...]) -> RunLogger:
+    """metrics.jsonl, W&B (continuing the run's W&B run on resume) and the progress line."""
     wandb_id_path = run_dir / WANDB_ID_FILE
     wandb = WandbLogger(
         run_dir,
@@ -79,21 +142,4 @@ def main(argv: list[str] | None = None) -> int:
     )
     if wandb.run_id:
         wandb_id_path.write_text(wandb.run_id)
-    checkpoints = CheckpointStore(run_dir / "checkpoints", keep_last=config.keep_checkpoints)
-    eval_keys = ("eval/rewards", "eval/positive_terminations", "eval/episode_return")
-    with RunLogger(run_dir, config.num_updates, wandb=wandb, eval_keys=eval_keys) as logger:
-        logger.message(f"run directory: {run_dir}")
-        result = train(trainer, logger, checkpoints, resume=args.resume is not None)
-        evals = result.last_eval_metrics
-        summary = ", ".join(
-            f"{name.removeprefix('eval/')} {evals[name]:.3g}"
-            for name in ("eval/rewards", "eval/positive_terminations", "eval/episode_return")
-            if name in evals
-        )
-        logger.message(
-            f"done: {result.updates_done:,} updates, {result.env_steps:,} env steps; "
-            f"last eval: {summary or 'none'}"
-        )
-    checkpoints.close()
-    print(f"run directory: {run_dir.resolve()}")
-    return 0
+    return RunLogger(run_dir, config.num_updates, wandb=wandb, eval_keys=eval_keys)

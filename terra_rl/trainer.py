@@ -2,27 +2,33 @@
 `num_updates` times, logging, evaluating and checkpointing at their intervals.
 
 Host transfers happen only for a log, an eval, a checkpoint or the final return.
+
+Multi-process runs (`terra_rl.distributed`): every process runs this same loop, so every
+collective (the update, evals, the checkpoint gather) happens on all processes in the same
+order; only process 0 writes (its logger and checkpoint store; the others get a
+`NullRunLogger` and a read-only store). The runner state is kept as global arrays over all
+devices of all processes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from terra_rl import ppo
+from terra_rl import distributed, ppo
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig
 from terra_rl.evaluation import make_eval_fn
 from terra_rl.logger import RunLogger
 from terra_rl.models import PolicyConfig, count_parameters, make_policy
 from terra_rl.train_env import make_train_envs
-from terra_rl.update import AXIS, RunnerState, make_init_fn, make_update_fn
+from terra_rl.update import RunnerState, make_init_fn, make_update_fn
 
 # Metrics that are NaN when there was nothing to measure (no episode finished, an empty
 # age bucket): dropped from the logs rather than logged as a fake 0 or as null.
@@ -32,15 +38,18 @@ OPTIONAL_METRIC_MARKERS = (
     "avg_positive_episode_length",
     "value_by_age/",
     "explained_variance",
+    "grad_norm",  # every minibatch step of the update overflowed: counted, not a norm
 )
 
 
 @dataclasses.dataclass
 class Trainer:
-    """Everything built for one config on `num_devices` local devices."""
+    """Everything built for one config on `num_devices` devices (all processes' together
+    in a multi-process run; see `terra_rl.distributed`)."""
 
     config: TrainConfig
     devices: list
+    """The pmapped functions' devices in pmap order: row i of the device axis is device i."""
     train_env: Any
     eval_env: Any
     policy: Any
@@ -48,37 +57,60 @@ class Trainer:
     update_fn: Any
     eval_fn: Any
     env_params: Any
-    """The map pool replicated over the device axis (a pmap argument, never a constant)."""
+    """The map pool replicated over the device axis (a pmap argument, never a constant),
+    as global arrays."""
     compiled_update: Any = None
+    compiled_eval: Any = None
     compile_seconds: float = 0.0
+    """Of the update (the eval's compile is not counted)."""
 
     @property
     def num_devices(self) -> int:
+        """Devices over all processes (what step accounting counts)."""
         return len(self.devices)
 
+    @functools.cached_property
+    def sharding(self):
+        """Leading device axis over `devices`: the layout of the runner state."""
+        return distributed.device_sharding(self.devices)
+
     def shard(self, tree):
-        """Host pytree with a leading device axis -> arrays sharded over the devices (the
-        layout pmap outputs have, so a donated input is freed in place)."""
-        sharding = NamedSharding(Mesh(np.array(self.devices), (AXIS,)), PartitionSpec(AXIS))
-        return jax.device_put(tree, sharding)
+        """Host pytree `[num_devices, ...]` (the same on every process) -> global arrays
+        sharded over the devices (the layout the compiled update returns, so a donated input
+        is freed in place); each process transfers only its own devices' rows."""
+        return distributed.global_arrays(tree, self.sharding)
 
     def replicate(self, tree):
         return self.shard(jax.tree.map(lambda x: np.stack([np.asarray(x)] * self.num_devices),
                                        tree))
 
     def init_runner(self) -> RunnerState:
+        """Fresh runner state: one key per device split over the global device count, so
+        every device of every process steps its own envs."""
         key = jax.random.PRNGKey(self.config.seed)
         device_keys = jax.random.split(jax.random.fold_in(key, 0), self.num_devices)
         params_key = self.replicate(jax.random.fold_in(key, 1))
-        return self.init_fn(self.shard(np.asarray(device_keys)), params_key, self.env_params)
+        runner = self.init_fn(*self._local(self.shard(np.asarray(device_keys)), params_key,
+                                           self.env_params))
+        return distributed.to_global(runner, self.sharding)
 
     def compile_update(self, runner: RunnerState):
-        """The update compiled ahead of time (once per trainer), timing the compile."""
+        """The update compiled ahead of time (once per trainer), timing the compile. It takes
+        and returns global arrays (`runner`, `env_params`)."""
         if self.compiled_update is None:
             start = time.perf_counter()
-            self.compiled_update = self.update_fn.lower(runner, self.env_params).compile()
+            lowered = self.update_fn.lower(*self._local(runner, self.env_params))
+            self.compiled_update = lowered.compile()
             self.compile_seconds = time.perf_counter() - start
         return self.compiled_update
+
+    def compile_eval(self, runner: RunnerState):
+        """The evaluation compiled ahead of time (once per trainer); it takes global arrays
+        `(params, eval keys, env_params)`."""
+        if self.compiled_eval is None:
+            args = self._local(runner.policy.params, self.eval_keys(0), self.env_params)
+            self.compiled_eval = self.eval_fn.lower(*args).compile()
+        return self.compiled_eval
 
     def eval_keys(self, update: int):
         """Eval keys depend only on the seed and the update, never on the runner's key, so
@@ -88,8 +120,14 @@ class Trainer:
         return self.shard(np.asarray(jax.random.split(key, self.num_devices)))
 
     def evaluate(self, runner: RunnerState, update: int) -> dict[str, float]:
-        metrics = self.eval_fn(runner.policy.params, self.eval_keys(update), self.env_params)
-        return host_metrics(metrics)
+        """Eval metrics of the runner's policy (a collective: all processes call it)."""
+        evaluate = self.compile_eval(runner)
+        return host_metrics(evaluate(runner.policy.params, self.eval_keys(update),
+                                     self.env_params))
+
+    def _local(self, *trees):
+        """Global arrays -> the host-local views a `jax.pmap` call takes on each process."""
+        return tuple(distributed.to_local(tree, self.sharding) for tree in trees)
 
 
 def policy_config(config: TrainConfig) -> PolicyConfig:
@@ -103,8 +141,9 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
 
 
 def build_trainer(config: TrainConfig) -> Trainer:
-    """Envs, policy and the pmapped functions for a resolved config (nothing compiled)."""
-    devices = jax.local_devices()[: config.num_devices]
+    """Envs, policy and the pmapped functions for a resolved config (nothing compiled).
+    Raises `ConfigError` when a multi-process run does not use every device."""
+    devices = distributed.pmap_devices(config.num_devices)
     train_env, eval_env = make_train_envs(config)
     example_obs, _ = jax.eval_shape(
         lambda key: train_env.reset(key, train_env.params), jax.random.PRNGKey(0)
@@ -128,8 +167,10 @@ def build_trainer(config: TrainConfig) -> Trainer:
 
 def host_metrics(device_metrics: dict) -> dict[str, float]:
     """Device metrics (identical on every device) -> floats, without the optional ones
-    that had nothing to measure."""
-    host = jax.device_get(device_metrics)
+    that had nothing to measure. Reads this process's first device only, so it needs no
+    collective when the arrays span several processes."""
+    host = jax.device_get({name: distributed.first_local_row(value)
+                           for name, value in device_metrics.items()})
     out = {}
     for name, value in host.items():
         value = float(np.asarray(value).reshape(-1)[0])
@@ -162,7 +203,11 @@ def train(
     stop_after: int | None = None,
 ) -> TrainResult:
     """Run updates until `num_updates` (or `stop_after` updates in total, for tests and
-    staged runs). With `resume`, continue from the latest checkpoint."""
+    staged runs). With `resume`, continue from the latest checkpoint.
+
+    Every process of a multi-process run calls this with the same config; `logger` and
+    `checkpoints` write only on process 0 (`distributed.is_writer`); all processes restore.
+    """
     config = trainer.config
     steps_per_update = config.env_steps_per_update
     num_updates = config.num_updates
@@ -177,20 +222,28 @@ def train(
         runner = trainer.shard(restored)
         start = int(np.asarray(restored.counters.update).reshape(-1)[0])
         logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
-    params = jax.tree.map(lambda x: x[0], runner.policy.params)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                          runner.policy.params)
+    processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
     logger.message(
         f"{config.preset or 'custom'}: {num_updates:,} updates x {steps_per_update:,} env steps "
-        f"on {trainer.num_devices} {trainer.devices[0].platform} device(s), "
+        f"on {trainer.num_devices} {trainer.devices[0].platform} device(s){processes}, "
         f"{count_parameters(params):,} parameters"
     )
 
     update_fn = trainer.compile_update(runner)
     compile_seconds = trainer.compile_seconds
     logger.message(f"update compiled in {compile_seconds:.1f} s")
+    baseline_eval = start == 0 and config.log_eval_interval > 0
+    if baseline_eval or any(_is_due(done, config.log_eval_interval, done == num_updates)
+                            for done in range(start + 1, last_update + 1)):
+        trainer.compile_eval(runner)
+    # Processes compile at different speeds; meet before the first collective.
+    distributed.barrier("compiled")
 
     train_metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
-    if start == 0 and config.log_eval_interval > 0:
+    if baseline_eval:
         # The untrained policy's eval: the baseline every later eval is compared with.
         eval_metrics = trainer.evaluate(runner, 0)
         logger.log_eval(0, 0, eval_metrics)
@@ -218,8 +271,12 @@ def train(
         if log_due or eval_due:
             logger.progress(done, env_steps, train_metrics.get("performance/steps_per_second"))
         if checkpoint_due:
-            best = eval_metrics if eval_due else None
-            checkpoints.save(done, jax.device_get(runner), config.to_dict(), best)
+            # Every process takes part in the gather; only process 0 writes.
+            host_state = distributed.gather_to_host(runner, trainer.sharding)
+            if distributed.is_writer():
+                best = eval_metrics if eval_due else None
+                checkpoints.save(done, host_state, config.to_dict(), best)
+            distributed.barrier("checkpoint")  # the others wait here, not in a collective
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
         if log_due or eval_due or checkpoint_due:

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from terra_rl import ppo
+from terra_rl import loss_scaling, ppo
 from terra_rl.config import TrainConfig
-from terra_rl.precision import apply_action_mask, to_float32
+from terra_rl.loss_scaling import LossScale
+from terra_rl.precision import apply_action_mask, gradient_norms, to_float32
 
 AXIS = "device"
 NUM_AGE_BUCKETS = 4
@@ -37,15 +38,6 @@ class Counters:
     update: jax.Array
     episode_return: jax.Array
     episode_full: jax.Array
-
-
-@struct.dataclass
-class LossScale:
-    """Loss scale (1 until dynamic fp16 scaling lands) and the cumulative count of
-    minibatch updates skipped because the averaged gradients were not finite."""
-
-    scale: jax.Array
-    skipped_updates: jax.Array
 
 
 @struct.dataclass
@@ -86,7 +78,7 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             last_obs=obs,
             rng=jax.random.fold_in(device_key, 1),
             counters=counters,
-            loss_scale=LossScale(jnp.ones((), jnp.float32), jnp.zeros((), jnp.int32)),
+            loss_scale=loss_scaling.init_loss_scale(config.precision),
         )
 
     return jax.pmap(init, axis_name=AXIS)
@@ -119,6 +111,43 @@ def make_truncated_value_fn(outputs: Callable, num_envs: int, max_gathers: int |
         return jax.lax.cond(jnp.any(truncated), some, none, (params, final_obs, truncated))
 
     return values
+
+
+def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
+    """`loss_and_grads(params, batch, ent_coef, loss_scale) -> (metrics, grads)` for one
+    minibatch on one device.
+
+    The PPO loss is multiplied by `loss_scale` (float32 []) before the backward pass and the
+    gradients divided by it after, so `grads` are float32 gradients of the unscaled loss,
+    shaped like `params` and not yet averaged over devices. `batch`: obs (pytree [N, ...]),
+    action int32 [N], log_prob, value, advantage, return float32 [N]. Metrics: loss (the
+    unscaled total), actor_loss, value_loss, entropy, approx_kl, clip_fraction.
+    """
+
+    def scaled_loss(params, batch, ent_coef, loss_scale):
+        logits, values = policy_outputs(policy, params, batch["obs"], config.use_action_mask)
+        loss, metrics = ppo.ppo_loss(
+            logits,
+            values,
+            batch["action"],
+            batch["log_prob"],
+            batch["value"],
+            batch["advantage"],
+            batch["return"],
+            clip_eps=config.clip_eps,
+            vf_coef=config.vf_coef,
+            ent_coef=ent_coef,
+            clip_value_loss=config.clip_value_loss,
+            normalize_advantages=config.normalize_advantages,
+        )
+        return loss * loss_scale, dict(metrics, loss=loss)
+
+    def loss_and_grads(params, batch, ent_coef, loss_scale):
+        grad_fn = jax.grad(scaled_loss, has_aux=True)
+        grads, metrics = grad_fn(params, batch, ent_coef, loss_scale)
+        return metrics, loss_scaling.unscale(grads, loss_scale)
+
+    return loss_and_grads
 
 
 def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
@@ -171,31 +200,15 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
         )
         return (params, env_state, next_obs, rng, counters), (transition, episodes)
 
-    def loss_fn(params, batch, ent_coef):
-        logits, values = outputs(params, batch["obs"])
-        return ppo.ppo_loss(
-            logits,
-            values,
-            batch["action"],
-            batch["log_prob"],
-            batch["value"],
-            batch["advantage"],
-            batch["return"],
-            clip_eps=config.clip_eps,
-            vf_coef=config.vf_coef,
-            ent_coef=ent_coef,
-            clip_value_loss=config.clip_value_loss,
-            normalize_advantages=config.normalize_advantages,
-        )
+    loss_and_grads = make_loss_and_grads(config, policy)
+    dynamic_scale = loss_scaling.is_dynamic(config.precision)
 
     def minibatch_update(carry, batch):
-        policy_state, ent_coef = carry
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (_, metrics), grads = grad_fn(policy_state.params, batch, ent_coef)
+        policy_state, loss_scale, ent_coef = carry
+        metrics, grads = loss_and_grads(policy_state.params, batch, ent_coef, loss_scale.scale)
         grads = jax.lax.pmean(grads, AXIS)
-        grad_norm = optax.tree.norm(grads)
         # Decided on the averaged gradients, so every device takes the same branch.
-        finite = jnp.isfinite(grad_norm)
+        finite = loss_scaling.all_finite(grads)
         updates, opt_state = optimizer.update(grads, policy_state.opt_state, policy_state.params)
         params = optax.apply_updates(policy_state.params, updates)
         keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
@@ -203,11 +216,13 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             params=jax.tree.map(keep_old, params, policy_state.params),
             opt_state=jax.tree.map(keep_old, opt_state, policy_state.opt_state),
         )
-        metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32))
-        return (new_state, ent_coef), metrics
+        norms = {f"grad_norm/{name}": norm for name, norm in gradient_norms(grads).items()}
+        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), finite=finite, **norms)
+        loss_scale = loss_scaling.next_loss_scale(loss_scale, finite, dynamic_scale)
+        return (new_state, loss_scale, ent_coef), metrics
 
     def epoch(carry, key):
-        policy_state, batch, ent_coef = carry
+        policy_state, loss_scale, batch, ent_coef = carry
         # Shuffle whole envs: each minibatch holds num_steps x (num_envs / M) transitions.
         order = jax.random.permutation(key, num_envs)
         per_minibatch = num_envs // config.num_minibatches
@@ -220,10 +235,13 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             return x.reshape((config.num_minibatches, -1) + x.shape[3:])
 
         minibatches = jax.tree.map(split, batch)
-        (policy_state, _), metrics = jax.lax.scan(
-            minibatch_update, (policy_state, ent_coef), minibatches, unroll=unroll_updates
+        (policy_state, loss_scale, _), metrics = jax.lax.scan(
+            minibatch_update,
+            (policy_state, loss_scale, ent_coef),
+            minibatches,
+            unroll=unroll_updates,
         )
-        return (policy_state, batch, ent_coef), metrics
+        return (policy_state, loss_scale, batch, ent_coef), metrics
 
     def update(runner: RunnerState, env_params):
         params = runner.policy.params
@@ -250,24 +268,14 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
         }
         rng, key_epochs = jax.random.split(rng)
         ent_coef = ppo.entropy_coefficient(config, counters.update)
-        (policy_state, _, _), update_metrics = jax.lax.scan(
+        (policy_state, loss_scale, _, _), update_metrics = jax.lax.scan(
             epoch,
-            (runner.policy, batch, ent_coef),
+            (runner.policy, runner.loss_scale, batch, ent_coef),
             jax.random.split(key_epochs, config.update_epochs),
             unroll=unroll_updates,
         )
-        skipped = jnp.sum(update_metrics.pop("skipped")).astype(jnp.int32)
-        metrics = {
-            f"train/{name}": jax.lax.pmean(jnp.mean(value), AXIS)
-            for name, value in update_metrics.items()
-        }
-        metrics.update(
-            {
-                "sched/entropy_coef": ent_coef,
-                "sched/lr": jnp.float32(config.lr),
-                "train/skipped_minibatch_updates": jnp.float32(skipped),
-            }
-        )
+        metrics = optimization_metrics(update_metrics, loss_scale)
+        metrics.update({"sched/entropy_coef": ent_coef, "sched/lr": jnp.float32(config.lr)})
         metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps))
         new_runner = RunnerState(
             policy=policy_state,
@@ -275,13 +283,35 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             last_obs=last_obs,
             rng=rng,
             counters=counters.replace(update=counters.update + 1),
-            loss_scale=runner.loss_scale.replace(
-                skipped_updates=runner.loss_scale.skipped_updates + skipped
-            ),
+            loss_scale=loss_scale,
         )
         return new_runner, metrics
 
     return jax.pmap(update, axis_name=AXIS, donate_argnums=(0,))
+
+
+def optimization_metrics(step_metrics: dict, loss_scale: LossScale) -> dict[str, jax.Array]:
+    """Per-update means of the minibatch metrics ([epochs, minibatches] arrays), the
+    gradient norms (already device-averaged gradients) over the finite steps only (NaN
+    when every step overflowed; the host drops it), and the precision metrics."""
+    finite = step_metrics.pop("finite")
+    steps_finite = jnp.sum(finite)
+    metrics = {}
+    for name, value in step_metrics.items():
+        if name.startswith("grad_norm"):
+            total = jnp.sum(jnp.where(finite, value, 0.0))
+            name = name if "/" in name else f"train/{name}"
+            metrics[name] = jnp.where(steps_finite > 0, total / steps_finite, jnp.nan)
+        else:
+            metrics[f"train/{name}"] = jax.lax.pmean(jnp.mean(value), AXIS)
+    metrics.update(
+        {
+            "precision/loss_scale": loss_scale.scale,
+            "precision/overflow_steps": loss_scale.overflow_steps.astype(jnp.float32),
+            "precision/skipped_update_fraction": 1.0 - jnp.mean(finite.astype(jnp.float32)),
+        }
+    )
+    return metrics
 
 
 def rollout_metrics(traj, episodes, done, returns, max_steps: int) -> dict[str, jax.Array]:

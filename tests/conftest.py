@@ -22,27 +22,27 @@ _CACHE_DIR = os.environ.get(
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
-from envs import BatchEnv, EnvConfig, ExcavationEnv, make_env_params  # noqa: E402
+from envs import EnvConfig, ExcavationEnv  # noqa: E402
+from terra_rl.validation import small  # noqa: E402
 
-SMALL_NUM_ENVS = 16
 
-
+# The 16x16 family is the validation gates' (terra_rl/validation/small.py): the same objects,
+# so gates and tests share compiled functions and the random rollout.
 @pytest.fixture(scope="session")
 def env16():
     """Mixed tracked/wheeled env on 16x16 maps, short episodes."""
-    return ExcavationEnv(EnvConfig(map_size=16, max_steps=40, wheeled_fraction=0.5))
+    return small.small_env()
 
 
 @pytest.fixture(scope="session")
 def params16(env16):
-    return make_env_params(
-        env16.config, map_types=("foundations", "trenches"), num_maps=32, seed=1
-    )
+    """32 generated foundations and trenches maps."""
+    return small.small_params()
 
 
 @pytest.fixture(scope="session")
 def batch16(env16, params16):
-    return BatchEnv(env16, params16, SMALL_NUM_ENVS)
+    return small.small_batch()
 
 
 @pytest.fixture(scope="session")

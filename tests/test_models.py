@@ -7,6 +7,8 @@ numeric checks share one compiled init + gradients function per configuration.""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,6 +25,7 @@ from terra_rl.models import (
     map_channels,
     parameter_groups,
 )
+from terra_rl.validation import references, small
 
 NUM_ACTIONS = A.NUM_ACTIONS
 SMALL = {"hidden_dim": 32, "map_feature_dim": 32}
@@ -51,17 +54,9 @@ def _case_id(case):
 def obs4(batch16):
     """Real reset observations of 4 envs (2 tracked, 2 wheeled), with a loaded bucket, a
     turned wheel and a cabin heading, a few last actions."""
-    obs, _ = jax.jit(batch16.reset)(jax.random.PRNGKey(0))
-    obs = jax.tree.map(lambda x: np.asarray(x[np.array([0, 1, 14, 15])]), obs)
+    obs = small.varied_observations()
     assert list(obs["agent_type"]) == [A.TRACKED, A.TRACKED, A.WHEELED, A.WHEELED]
-    agent_state = obs["agent_state"].copy()
-    agent_state[1, 5] = 3  # loaded
-    agent_state[2, 4] = -1  # wheel angle
-    agent_state[3, 4] = 1
-    agent_state[0, 3] = 5  # cabin heading
-    last_actions = obs["last_actions"].copy()
-    last_actions[:, 0] = [A.FORWARD, A.DO, A.WHEELS_LEFT, A.CABIN_CLOCK]
-    return {**obs, "agent_state": agent_state, "last_actions": last_actions}
+    return obs
 
 
 def _model(map_encoder="atari", separate=False, precision="float32"):
@@ -84,30 +79,9 @@ _GRADIENTS = {}
 def _gradients(case, obs):
     """params and the gradients of three losses for one configuration (memoised)."""
     if case not in _GRADIENTS:
-        model = _model(*case)
-
-        def init_and_grads(key, obs):
-            params = model.init(key, obs)["params"]
-            (logits, value), pullback = jax.vjp(lambda p: model.apply({"params": p}, obs), params)
-            weights = jax.random.normal(jax.random.PRNGKey(1), logits.shape)
-            # Cotangents of the losses sum(logits * weights) + sum(value), sum(logits *
-            # weights) and sum(value), pulled back in one vmapped backward pass.
-            logit_cotangents = jnp.stack([weights, weights, jnp.zeros_like(weights)])
-            value_cotangents = jnp.stack(
-                [jnp.ones_like(value), jnp.zeros_like(value), jnp.ones_like(value)]
-            )
-            (grads,) = jax.vmap(pullback)((logit_cotangents, value_cotangents))
-            names = ("total", "policy", "value")
-            return params, {
-                name: jax.tree.map(lambda g, i=i: g[i], grads) for i, name in enumerate(names)
-            }
-
-        _GRADIENTS[case] = jax.jit(init_and_grads)(jax.random.PRNGKey(0), obs)
+        init_and_gradients = functools.partial(references.init_and_gradients, _model(*case))
+        _GRADIENTS[case] = jax.jit(init_and_gradients)(jax.random.PRNGKey(0), obs)
     return _GRADIENTS[case]
-
-
-def _leaves_with_paths(tree):
-    return {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree.leaves_with_path(tree)}
 
 
 # --------------------------------------------------------------------------- config
@@ -179,7 +153,15 @@ def test_matmuls_and_convs_run_in_the_compute_dtype(obs4, map_encoder, precision
     assert names == {"dot_general", "conv_general_dilated"}
     # trunk 2 + heads 2 + map Dense 1 + agent MLP 2 + local MLP 2
     assert sum(name == "dot_general" for name, _ in ops) == 9
-    wrong = [(name, dtypes) for name, dtypes in ops if set(dtypes) != {jnp.dtype(precision)}]
+    assert_heads_float32_rest_in(ops, precision)
+
+
+def assert_heads_float32_rest_in(ops, precision: str) -> None:
+    """The two head matmuls (the last two) take float32; every other matmul and conv takes
+    the compute dtype: nothing silently promoted, nothing left in half precision."""
+    *encoder, policy_head, value_head = ops
+    assert [policy_head, value_head] == [("dot_general", (jnp.dtype(jnp.float32),) * 2)] * 2
+    wrong = [(name, dtypes) for name, dtypes in encoder if set(dtypes) != {jnp.dtype(precision)}]
     assert not wrong
 
 
@@ -190,41 +172,17 @@ def test_matmuls_and_convs_run_in_the_compute_dtype(obs4, map_encoder, precision
 def test_every_parameter_gets_a_finite_nonzero_gradient(obs4, case):
     params, grads = _gradients(tuple(case), obs4)
     assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-    for path, grad in _leaves_with_paths(grads["total"]).items():
-        grad = np.asarray(grad)
-        assert grad.dtype == np.float32, path
-        assert np.isfinite(grad).all(), path
-        assert np.abs(grad).max() > 0, path
+    assert references.gradient_problems(grads["total"]) == []
 
 
-@pytest.mark.parametrize("case", [c for c in GRADIENT_CASES if c[1]], ids=_case_id)
-def test_separate_trunks_share_no_parameter(obs4, case):
+@pytest.mark.parametrize("case", GRADIENT_CASES, ids=_case_id)
+def test_trunks_share_parameters_only_when_shared(obs4, case):
+    """Separate trunks share no parameter; a shared trunk receives both losses (the check is
+    the model-separate-trunks validation gate's, here over both encoders and precisions)."""
     params, grads = _gradients(tuple(case), obs4)
-    assert set(params) == {"actor_encoder", "critic_encoder", "policy_head", "value_head"}
-    assert count_parameters(params["actor_encoder"]) == count_parameters(params["critic_encoder"])
-    for loss, other_role in (
-        ("value", ("actor_encoder", "policy_head")),
-        ("policy", ("critic_encoder", "value_head")),
-    ):
-        for name in other_role:
-            leaves = jax.tree.leaves(grads[loss][name])
-            assert all(not np.asarray(g).any() for g in leaves), (loss, name)
-    # Each loss does reach its own encoder.
-    assert any(np.asarray(g).any() for g in jax.tree.leaves(grads["value"]["critic_encoder"]))
-    assert any(np.asarray(g).any() for g in jax.tree.leaves(grads["policy"]["actor_encoder"]))
-
-
-@pytest.mark.parametrize("case", [c for c in GRADIENT_CASES if not c[1]], ids=_case_id)
-def test_shared_trunk_receives_both_losses(obs4, case):
-    params, grads = _gradients(tuple(case), obs4)
-    assert set(params) == {"encoder", "policy_head", "value_head"}
-    for loss in ("value", "policy"):
-        trunk = grads[loss]["encoder"]["trunk"]
-        assert all(np.asarray(g).any() for g in jax.tree.leaves(trunk)), loss
-        map_encoder = grads[loss]["encoder"]["map_encoder"]
-        assert any(np.asarray(g).any() for g in jax.tree.leaves(map_encoder)), loss
-    assert not np.asarray(grads["value"]["policy_head"]["kernel"]).any()
-    assert not np.asarray(grads["policy"]["value_head"]["kernel"]).any()
+    separate = case[1]
+    assert ("encoder" not in params) == separate
+    assert references.trunk_sharing_problems(params, grads["policy"], grads["value"]) == []
 
 
 # --------------------------------------------------------------------------- gymnax, factory
@@ -245,7 +203,8 @@ def test_gymnax_networks_selected_by_obs_shape(obs_shape, expected_cls, precisio
     assert (logits.shape, logits.dtype) == ((4, 3), jnp.float32)
     assert (value.shape, value.dtype) == ((4,), jnp.float32)
     ops = _matmul_operand_dtypes(jax.make_jaxpr(model.apply)({"params": params}, obs).jaxpr, [])
-    assert ops and all(set(dtypes) == {jnp.dtype(precision)} for _, dtypes in ops)
+    assert len(ops) > 2
+    assert_heads_float32_rest_in(ops, precision)
 
 
 def test_gymnax_mlp_actor_and_critic_are_separate():
@@ -301,7 +260,7 @@ def test_parameter_groups_partition_the_params(obs4, map_encoder, separate):
     assert count_parameters(groups["value_head"]) == 32 + 1
     expected_encoders = {"actor_encoder", "critic_encoder"} if separate else {"encoder"}
     assert set(groups["encoder"]) == expected_encoders
-    paths = [set(_leaves_with_paths(group)) for group in groups.values()]
+    paths = [set(references.leaf_paths(group)) for group in groups.values()]
     assert sum(len(p) for p in paths) == len(jax.tree.leaves(variables))
 
 

