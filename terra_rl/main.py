@@ -102,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     logger = make_logger(run_dir, config, eval_keys) if writer else NullRunLogger()
     with logger:
         logger.message(f"run directory: {run_dir}")
-        result = train(trainer, logger, checkpoints, resume=args.resume is not None)
+        try:
+            result = train(trainer, logger, checkpoints, resume=args.resume is not None)
+        except CheckpointError as error:  # e.g. a checkpoint of an incompatible network
+            fail(str(error))
         evals = result.last_eval_metrics
         summary = ", ".join(
             f"{name.removeprefix('eval/')} {evals[name]:.3g}"

@@ -176,9 +176,8 @@ def test_short_run_in_half_precision(half_trainer):
     assert leaves_equal(per_device(params, 0), per_device(params, NUM_DEVICES - 1))
 
 
+@pytest.mark.parametrize("half_trainer", ["float16"], indirect=True)
 def test_float16_overflow_skips_on_every_device_and_is_checkpointed(half_trainer, tmp_path):
-    if half_trainer.config.precision != "float16":
-        pytest.skip("float16 only")
     runner = half_trainer.init_runner()
     update_fn = half_trainer.compile_update(runner)
     # Device 0 alone scales its loss by 2^40: its float16 backward pass overflows, the

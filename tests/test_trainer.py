@@ -212,6 +212,16 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
     assert len(resumes) == 1
 
+    # A checkpoint of another network (here: a wider trunk in config.json) stops the resume
+    # with one line and exit 2, not a traceback.
+    config["hidden_dim"] = 2 * TINY["hidden_dim"]
+    (run_dir / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["--resume", str(run_dir), "--total_timesteps", str(4 * 8 * 8 * 4)])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("train_mixed.py: error: ") and "trunk" in error
 
 
 def test_benchmark_train_script(tmp_path, capsys):
