@@ -48,20 +48,6 @@ CUDA_WHEEL_LIBS: tuple[tuple[str, str, str], ...] = (
     ("nccl", "nvidia/nccl/lib", "libnccl.so*"),
 )
 
-# The train smoke: cpu_demo's model and trench maps at the smallest shape that still runs
-# every part of an update (rollout with episode ends, GAE, minibatches, pmean).
-SMOKE_OVERRIDES: dict[str, Any] = dict(
-    max_steps=12,
-    num_maps=8,
-    num_envs_per_device=8,
-    num_steps=8,
-    update_epochs=1,
-    num_minibatches=2,
-    map_feature_dim=32,
-    hidden_dim=32,
-    compilation_cache_dir="",
-    wandb_mode="disabled",
-)
 MAX_ERROR_CHARS = 4000
 
 
@@ -358,19 +344,16 @@ def _procedural_maps() -> Iterator[None]:
 
 
 def smoke_config(num_devices: int, precision: str):
-    """cpu_demo at `SMOKE_OVERRIDES` on `num_devices` devices, one update long, resolved."""
-    import jax
+    """The validation gates' tiny training config (16x16 trench maps, 8 envs x 8 steps per
+    device, episodes ending inside the rollout) on `num_devices` devices, one update long,
+    on procedural maps, resolved."""
+    from terra_rl.validation import small
 
-    from terra_rl.config import get_preset, resolve
-
-    base = dataclasses.replace(
-        get_preset("cpu_demo"), **SMOKE_OVERRIDES, num_devices=num_devices,
-        precision=precision, eval_episodes=num_devices,
-    )
-    one_update = base.num_steps * base.num_envs_per_device * num_devices
+    one_update = small.SMOKE_FIELDS["num_steps"] * small.SMOKE_FIELDS["num_envs_per_device"]
     with _procedural_maps():
-        return resolve(dataclasses.replace(base, total_timesteps=one_update),
-                       jax.local_device_count())
+        return small.smoke_config(num_devices=num_devices, precision=precision,
+                                  eval_episodes=num_devices,
+                                  total_timesteps=one_update * num_devices)
 
 
 def check_train_smoke(options: PreflightOptions, state: PreflightState) -> str:

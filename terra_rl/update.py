@@ -216,8 +216,11 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             params=jax.tree.map(keep_old, params, policy_state.params),
             opt_state=jax.tree.map(keep_old, opt_state, policy_state.opt_state),
         )
-        norms = {f"grad_norm/{name}": norm for name, norm in gradient_norms(grads).items()}
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads), finite=finite, **norms)
+        norms = gradient_norms(grads)
+        # The groups partition the parameters, so the global norm follows from theirs.
+        global_norm = jnp.sqrt(sum(jnp.square(norm) for norm in norms.values()))
+        norms = {f"grad_norm/{name}": norm for name, norm in norms.items()}
+        metrics = dict(metrics, grad_norm=global_norm, finite=finite, **norms)
         loss_scale = loss_scaling.next_loss_scale(loss_scale, finite, dynamic_scale)
         return (new_state, loss_scale, ent_coef), metrics
 

@@ -21,29 +21,11 @@ from terra_rl.config import TrainConfig, resolve
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
 from terra_rl.trainer import build_trainer, host_metrics, train
+from terra_rl.validation.small import SMOKE_FIELDS
 
 NUM_DEVICES = 4
-TINY = dict(
-    map_size=16,
-    map_types=("trenches",),
-    use_action_mask=True,
-    max_steps=12,
-    num_maps=16,
-    num_envs_per_device=8,
-    num_steps=8,
-    update_epochs=1,
-    num_minibatches=2,
-    map_feature_dim=32,
-    hidden_dim=32,
-    precision="float32",
-    eval_episodes=8,
-    log_train_interval=1,
-    log_eval_interval=2,
-    checkpoint_interval=2,
-    compilation_cache_dir="",
-    wandb_mode="disabled",
-    preset="tiny",
-)
+# The validation gates' tiny shapes, logging, evaluating and checkpointing often.
+TINY = dict(SMOKE_FIELDS, log_train_interval=1, log_eval_interval=2, checkpoint_interval=2)
 TINY_UPDATES = 4
 
 

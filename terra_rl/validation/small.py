@@ -52,7 +52,8 @@ SMOKE_FIELDS = dict(
     wandb_mode="disabled",
     preset="tiny",
 )
-"""tests/test_trainer.py's tiny config: timeouts (12 steps) inside every 8-step rollout."""
+"""The tiny training config of tests/test_trainer.py, the first-update gates and the
+runtime preflight's train smoke: timeouts (12 steps) inside every 8-step rollout."""
 
 
 # --------------------------------------------------------------------------- env family
