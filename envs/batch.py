@@ -49,18 +49,28 @@ class BatchEnv:
         types[num_envs - num_wheeled :] = A.WHEELED
         self.agent_types = types
 
-    def reset(self, key: jax.Array, params: EnvParams | None = None) -> tuple[dict, EnvState]:
+    def reset(
+        self,
+        key: jax.Array,
+        params: EnvParams | None = None,
+        first_maps: jax.Array | None = None,
+    ) -> tuple[dict, EnvState]:
         """Fresh episodes with staggered ages: each env's age starts uniform in
         `[0, max_steps)`, so timeouts do not all land on the same rollout step.
 
+        `first_maps` (int32 [num_envs]) picks each env's first map instead of sampling.
         obs: dict of [num_envs, ...]; state: EnvState with a leading [num_envs] axis.
         """
         params = self.params if params is None else params
         key_reset, key_age = jax.random.split(key)
         keys = jax.random.split(key_reset, self.num_envs)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None, 0))(
-            keys, params, jnp.asarray(self.agent_types)
-        )
+        agent_types = jnp.asarray(self.agent_types)
+        if first_maps is None:
+            obs, state = jax.vmap(self.env.reset, in_axes=(0, None, 0))(keys, params, agent_types)
+        else:
+            obs, state = jax.vmap(self.env.reset, in_axes=(0, None, 0, 0))(
+                keys, params, agent_types, first_maps
+            )
         ages = jax.random.randint(key_age, (self.num_envs,), 0, self.env.config.max_steps)
         return obs, state.replace(age=ages.astype(jnp.int32))
 

@@ -14,33 +14,41 @@ VALID_MAP_SIZES = (16, 32, 64)
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
-    """Every reward weight of the environment. Penalties are negative numbers.
+    """Every reward weight of the environment (`envs.rewards`). Costs are numbers <= 0.
 
-    Dense by default; `RewardConfig.sparse()` keeps only the terminal success bonus and a
-    small existence penalty.
+    Dense by default: `progress_weight` times the change of the task potential
+    Phi = (dig tiles done - misplaced soil) / dig tiles total, which sums over an episode to at
+    most `progress_weight`; one `step` cost paid by every action, DO_NOTHING included; extra
+    costs for wasted actions; `terminal_success` on the step that completes the task.
+    `RewardConfig.sparse()` keeps only the step cost and the terminal bonus.
     """
 
-    existence: float = -0.1
-    move: float = -0.1
-    base_turn: float = -0.1
-    cabin_turn: float = -0.05
-    wheel_turn: float = -0.05
-    collision: float = -0.2
-    move_while_loaded: float = -0.2
-    dig_correct_per_tile: float = 1.0
-    dump_correct_per_unit: float = 0.5
-    dump_outside_zone_per_unit: float = -0.2
-    do_no_effect: float = -0.3
-    pickup_from_dump_zone_per_unit: float = -0.6
-    terminal_success: float = 100.0
-    normalizer: float = 100.0
-    """Every term is divided by this, keeping per-step rewards near [-0.01, 1]."""
+    step: float = -0.002
+    """Paid by every action, DO_NOTHING included: no loop is cheaper than idling."""
+    collision: float = -0.002
+    """Extra, for a move or base turn rejected by the map edge or a blocked tile."""
+    move_while_loaded: float = -0.002
+    """Extra, for a move or base turn tried with soil in the bucket."""
+    do_no_effect: float = -0.002
+    """Extra, for a DO that changes nothing."""
+    progress_weight: float = 1.0
+    """Scale of the potential-based progress term (the most an episode's progress can pay)."""
+    terminal_success: float = 1.0
+    """Paid on the step that completes the task; never on a timeout."""
+
+    def __post_init__(self) -> None:
+        costs = ("step", "collision", "move_while_loaded", "do_no_effect")
+        positive = [name for name in costs if getattr(self, name) > 0]
+        if positive:
+            raise ValueError(
+                f"reward costs {positive} must be <= 0: a positive cost pays for wasting actions"
+            )
+        if self.progress_weight < 0 or self.terminal_success < 0:
+            raise ValueError("progress_weight and terminal_success must be >= 0")
 
     @classmethod
     def sparse(cls) -> RewardConfig:
-        zero = {f.name: 0.0 for f in dataclasses.fields(cls)}
-        zero.update(existence=-0.1, collision=-0.1, terminal_success=100.0, normalizer=100.0)
-        return cls(**zero)
+        return cls(collision=0.0, move_while_loaded=0.0, do_no_effect=0.0, progress_weight=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +56,7 @@ class CurriculumConfig:
     """Per-env curriculum over map types (level index = position in `levels`).
 
     An env is promoted after `promote_after` consecutive successful episodes (task done) and
-    demoted after `demote_after` consecutive timeouts.
+    demoted after `demote_after` consecutive timeouts (0: never demoted).
     """
 
     levels: tuple[str, ...] = ("foundations", "trenches")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.maps import MAP_TYPES, VALID_MAP_SIZES, MapSet, default_spawn_clearance
+from envs.maps import HAS_DUMP_ZONES, MAP_TYPES, VALID_MAP_SIZES, MapSet, default_spawn_clearance
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -197,16 +197,17 @@ def validate_map_set(maps: MapSet, spawn_clearance: int, source: str | Path = IN
     dig_area = (target == -1).sum(axis=(1, 2))
     dump_area = (target == 1).sum(axis=(1, 2))
     _raise_at_first(dig_area == 0, where("target_map.npy"), "map has no dig tile")
-    is_foundation = maps.map_type == MAP_TYPES.index("foundations")
+    zoned_types = [i for i, name in enumerate(MAP_TYPES) if HAS_DUMP_ZONES[name]]
+    has_zones = np.isin(maps.map_type, zoned_types)
     _raise_at_first(
-        is_foundation & (dump_area < dig_area),
+        has_zones & (dump_area < dig_area),
         where("target_map.npy"),
-        "foundations map has less dump-zone area than dig area",
+        "map with dump zones (foundations) has less dump-zone area than dig area",
     )
     _raise_at_first(
-        (maps.map_type == MAP_TYPES.index("trenches")) & (dump_area > 0),
+        ~has_zones & (dump_area > 0),
         where("target_map.npy"),
-        "trenches map has dump-zone tiles",
+        "map without dump zones (trenches) has dump-zone tiles",
     )
     _check_spawn_squares(maps, spawn_clearance, where("spawn_pose.npy"))
 

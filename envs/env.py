@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import actions as A
-from envs import excavation
+from envs import excavation, rewards
 from envs import geometry as geo
 from envs.config import EnvConfig
 from envs.maps import MAP_TYPES
@@ -54,13 +54,21 @@ class ExcavationEnv:
     # ------------------------------------------------------------------ reset
 
     def reset(
-        self, key: jax.Array, params: EnvParams, agent_type: jax.Array | int = A.TRACKED
+        self,
+        key: jax.Array,
+        params: EnvParams,
+        agent_type: jax.Array | int = A.TRACKED,
+        map_index: jax.Array | int | None = None,
     ) -> tuple[dict, EnvState]:
+        """A first episode at curriculum level 0; `map_index` (int32 []) picks the map
+        instead of sampling one (held-out evaluation covers its pool that way)."""
         zero = jnp.zeros((), jnp.int32)
         curriculum = CurriculumState(
             level=zero, consecutive_successes=zero, consecutive_failures=zero
         )
-        return self.reset_episode(key, params, jnp.asarray(agent_type, jnp.int32), curriculum)
+        return self.reset_episode(
+            key, params, jnp.asarray(agent_type, jnp.int32), curriculum, map_index
+        )
 
     def reset_episode(
         self,
@@ -68,10 +76,13 @@ class ExcavationEnv:
         params: EnvParams,
         agent_type: jax.Array,
         curriculum: CurriculumState,
+        map_index: jax.Array | int | None = None,
     ) -> tuple[dict, EnvState]:
         """A new episode that keeps the env's agent type and curriculum progress."""
         key_map, key_spawn, key_heading, key_fallback = jax.random.split(key, 4)
-        map_index = self._sample_map_index(key_map, params, curriculum.level)
+        if map_index is None:
+            map_index = self._sample_map_index(key_map, params, curriculum.level)
+        map_index = jnp.asarray(map_index, jnp.int32)
         target_map = params.target_map[map_index]
         obstacles = params.obstacles[map_index]
         pos, heading = self._spawn(
@@ -184,7 +195,6 @@ class ExcavationEnv:
         are part of the contract for environments that need them."""
         del key, params
         cfg = self.config
-        rw = cfg.reward
         agent = state.agent
         action = jnp.asarray(action, jnp.int32)
         window = geo.make_window(agent.pos, cfg.map_size, cfg.window_radius)
@@ -200,7 +210,6 @@ class ExcavationEnv:
         is_drive = (action == A.FORWARD) | (action == A.BACKWARD)
         is_base_turn = ~is_wheeled & ((action == A.CLOCK) | (action == A.ANTICLOCK))
         is_wheel_turn = is_wheeled & ((action == A.WHEELS_LEFT) | (action == A.WHEELS_RIGHT))
-        is_cabin_turn = (action == A.CABIN_CLOCK) | (action == A.CABIN_ANTICLOCK)
         is_base_action = is_drive | is_base_turn
         traversable = (w_obstacles == 0) & (w_action == 0)
         pose_ok = self._pose_is_free(window, traversable, agent.pos, delta, cand_heading)
@@ -252,29 +261,18 @@ class ExcavationEnv:
         age = state.age + 1
         truncated = (age >= cfg.max_steps) & ~task_done
 
-        dump_correct_units = jnp.where(has_zones, dig["dump_on_zone"], dig["dump_units"])
-        terms = {
-            "existence": jnp.float32(rw.existence),
-            "move": jnp.where(moved & is_drive, rw.move, 0.0),
-            "base_turn": jnp.where(moved & is_base_turn, rw.base_turn, 0.0),
-            "cabin_turn": jnp.where(is_cabin_turn, rw.cabin_turn, 0.0),
-            "wheel_turn": jnp.where(is_wheel_turn, rw.wheel_turn, 0.0),
-            "collision": jnp.where(collided, rw.collision, 0.0),
-            "move_while_loaded": jnp.where(blocked_by_load, rw.move_while_loaded, 0.0),
-            "dig_correct": rw.dig_correct_per_tile * newly_dug,
-            "pickup_from_dump_zone": jnp.where(
-                digging, rw.pickup_from_dump_zone_per_unit * dig["pickup_on_zone"], 0.0
-            ),
-            "dump_correct": jnp.where(dumping, rw.dump_correct_per_unit * dump_correct_units, 0.0),
-            "dump_outside_zone": jnp.where(
-                dumping & has_zones,
-                rw.dump_outside_zone_per_unit * (dig["dump_units"] - dig["dump_on_zone"]),
-                0.0,
-            ),
-            "do_no_effect": jnp.where(is_do & ~do_effect, rw.do_no_effect, 0.0),
-            "terminal_success": jnp.where(task_done, rw.terminal_success, 0.0),
-        }
-        terms = {name: (value / rw.normalizer).astype(jnp.float32) for name, value in terms.items()}
+        terms = rewards.step_reward_terms(
+            cfg.reward,
+            dig_tiles_total=state.dig_tiles_total,
+            dig_tiles_done=state.dig_tiles_done,
+            misplaced_soil=state.misplaced_soil,
+            next_dig_tiles_done=dig_tiles_done,
+            next_misplaced_soil=misplaced_soil,
+            collided=collided,
+            moved_while_loaded=blocked_by_load,
+            do_no_effect=is_do & ~do_effect,
+            task_done=task_done,
+        )
         reward = sum(terms.values())
 
         new_state = state.replace(
@@ -353,7 +351,7 @@ class ExcavationEnv:
             jnp.where(success, 0, curriculum.consecutive_failures),
         )
         promote = successes >= spec.promote_after
-        demote = failures >= spec.demote_after
+        demote = failures >= spec.demote_after if spec.demote_after > 0 else jnp.bool_(False)
         top = len(spec.levels) - 1
         level = jnp.clip(
             curriculum.level + promote.astype(jnp.int32) - demote.astype(jnp.int32), 0, top

@@ -1,10 +1,13 @@
 """Procedural excavation maps (numpy only, fully determined by a seed).
 
-Two map types:
+Four map types:
   foundations: building footprints to dig (rectangle, L, U or ring), ringed by dump zones
                that sit one free tile away from the dig area; few or no obstacles.
   trenches:    1-3 straight trenches (any of 8 orientations, diagonals included), rectangular
                obstacles and no-dump patches; no dump zones, soil may go on any dumpable tile.
+  tiny_trenches, tiny_foundations: the first levels of a curriculum. One short trench (2-4
+               tiles, one wide) or one small rectangle (2-6 tiles) with its dump band; no
+               obstacles and no no-dump patches.
 
 Every map comes with a spawn pose whose surrounding square is free of obstacles and targets.
 """
@@ -17,7 +20,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-MAP_TYPES = ("foundations", "trenches")  # index = map type id
+# index = map type id; new types go at the end so datasets on disk keep their meaning
+MAP_TYPES = ("foundations", "trenches", "tiny_trenches", "tiny_foundations")
+HAS_DUMP_ZONES = {"foundations": True, "trenches": False, "tiny_trenches": False,
+                  "tiny_foundations": True}
 VALID_MAP_SIZES = (16, 32, 64)
 FOUNDATION_SHAPES = ("rectangle", "l_shape", "u_shape", "ring")
 
@@ -330,10 +336,13 @@ def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
     reserved = _square_mask(size, spawn, clearance)
     dig = np.zeros((size, size), bool)
     dumpable = np.ones((size, size), bool)
-    if type_name == "foundations":
+    if HAS_DUMP_ZONES[type_name]:
         dig[size - 4 : size - 2, size - 4 : size - 2] = True
         dump = _dump_band(dig, reserved, max_width=1)
         assert dump is not None
+    elif type_name == "tiny_trenches":
+        dig[size - 2, 1:4] = True
+        dump = np.zeros_like(dig)
     else:
         dig[size - 2, 1:-1] = True
         dump = np.zeros_like(dig)
@@ -342,7 +351,74 @@ def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
     return _Layout(target, np.zeros((size, size), bool), dumpable, spawn)
 
 
-_BUILDERS: dict[str, _Builder] = {"foundations": _build_foundations, "trenches": _build_trenches}
+# ----------------------------------------------------------------------------- tiny maps
+
+
+def _build_tiny_trenches(
+    rng: np.random.Generator, size: int, clearance: int, scale: float
+) -> _Layout | None:
+    """One straight trench of 2-4 tiles, one wide, in one of 8 directions, beside the spawn."""
+    del scale
+    length = int(rng.integers(2, 5))
+    direction = _EIGHT_DIRECTIONS[rng.integers(len(_EIGHT_DIRECTIONS))]
+    reach = length + 2
+    low, high = 1 + reach, size - 2 - reach
+    if low > high:
+        return None
+    start = rng.integers(low, high + 1, size=2)
+    dig = np.zeros((size, size), bool)
+    for k in range(length):
+        dig[start[0] + k * direction[0], start[1] + k * direction[1]] = True
+    centres = _clear_square_centres(_dilate(dig, 1), clearance)
+    if len(centres) == 0:
+        return None
+    # The nearest clear spawn square, so the first levels need little driving.
+    distance = np.abs(centres - start).max(axis=1)
+    nearest = centres[distance == distance.min()]
+    spawn = tuple(int(v) for v in nearest[rng.integers(len(nearest))])
+    target = np.where(dig, DIG_TILE, FREE_TILE).astype(np.int8)
+    no_obstacles = np.zeros((size, size), bool)
+    return _Layout(target, no_obstacles, ~no_obstacles, spawn)
+
+
+def _build_tiny_foundations(
+    rng: np.random.Generator, size: int, clearance: int, scale: float
+) -> _Layout | None:
+    """One rectangle of 2-6 tiles (1-2 x 2-3) ringed by a dump band, near the spawn."""
+    del scale
+    row, col = rng.integers(clearance, size - clearance, size=2)
+    spawn = (int(row), int(col))
+    reserved = _square_mask(size, spawn, clearance)
+    height, width = int(rng.integers(1, 3)), int(rng.integers(2, 4))
+    if rng.random() < 0.5:
+        height, width = width, height
+    border = np.ones((size, size), bool)
+    border[1:-1, 1:-1] = False
+    keep_out = _dilate(reserved, 1) | _dilate(border, 2)
+    origins = _free_window_origins(keep_out, height, width)
+    if len(origins) == 0:
+        return None
+    distance = np.abs(origins - np.array(spawn)).max(axis=1)
+    nearest = origins[distance == distance.min()]
+    top, left = nearest[rng.integers(len(nearest))]
+    dig = np.zeros((size, size), bool)
+    dig[top : top + height, left : left + width] = True
+    dump = _dump_band(dig, reserved, max_width=2)
+    if dump is None:
+        return None
+    target = np.where(dig, DIG_TILE, np.where(dump, DUMP_TILE, FREE_TILE)).astype(np.int8)
+    no_obstacles = np.zeros((size, size), bool)
+    return _Layout(target, no_obstacles, ~no_obstacles, spawn)
+
+
+_EIGHT_DIRECTIONS = ((0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1))
+
+_BUILDERS: dict[str, _Builder] = {
+    "foundations": _build_foundations,
+    "trenches": _build_trenches,
+    "tiny_trenches": _build_tiny_trenches,
+    "tiny_foundations": _build_tiny_foundations,
+}
 
 
 # ----------------------------------------------------------------------------- grid helpers

@@ -20,6 +20,7 @@ from terra_rl.models import MAP_ENCODERS
 from terra_rl.precision import PRECISIONS
 
 REWARD_KINDS = ("dense", "sparse")
+LR_SCHEDULES = ("constant", "linear", "cosine")
 WANDB_MODES = ("", "online", "offline", "disabled")
 DEFAULT_COMPILATION_CACHE_DIR = str(Path("~/.cache/terra_rl/xla-cache"))
 
@@ -50,6 +51,17 @@ class TrainConfig:
     """Use the first K maps of the dataset; 0 = DATASET_SIZE, else all."""
     use_action_mask: bool = False
     """Mask invalid actions in the policy (flags --enable_action_mask/--disable_action_mask)."""
+    curriculum: tuple[str, ...] = ()
+    """Curriculum levels, easiest first (map types, e.g. tiny_trenches,trenches); training
+    maps are these types and each env is promoted on its own successes; empty = off
+    (training maps are --map_types)."""
+    curriculum_promote_after: int = 2
+    """Consecutive successful episodes that promote an env to the next level."""
+    curriculum_demote_after: int = 0
+    """Consecutive timeouts that demote an env one level; 0 = never demote."""
+    eval_map_seed: int = 1_000_003
+    """Seed of the held-out evaluation maps (--map_types, --eval_episodes maps, never in the
+    training pool)."""
 
     # Scale and step accounting
     num_devices: int = 0
@@ -63,6 +75,8 @@ class TrainConfig:
     update_epochs: int = 2
     num_minibatches: int = 16
     lr: float = 3e-4
+    lr_schedule: str = "constant"
+    """constant, linear or cosine (annealed to 0 over num_updates)."""
     gamma: float = 0.9984
     gae_lambda: float = 0.95
     clip_eps: float = 0.2
@@ -88,8 +102,9 @@ class TrainConfig:
     log_eval_interval: int = 100
     """Evaluate every N updates (and at the end); 0 = only at the end."""
     eval_episodes: int = 100
-    eval_sampling: bool = False
-    """Sample eval actions from the policy instead of taking the greedy action."""
+    eval_sampling: bool = True
+    """Also evaluate the sampled policy (logged as eval_sampled/...); the greedy policy is
+    always evaluated (eval/...)."""
     checkpoint_interval: int = 100
     """Checkpoint every N updates (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 3
@@ -168,32 +183,36 @@ PRESETS: dict[str, TrainConfig] = {
     "solo_excavator": TrainConfig(),
     "trench_excavator": TrainConfig(map_types=("trenches",)),
     "mixed_excavators": TrainConfig(map_types=("foundations", "trenches"), wheeled_fraction=0.5),
-    # Small enough that a policy visibly learns on 2 CPU cores within 10 minutes: trench maps
-    # (no dump zones, so every dig and dump pays) and the action mask make digging easy to find.
+    # The README's main job, sized for 2 CPU cores and 10 minutes: a curriculum from tiny
+    # trenches (2-4 tiles) to the generator's 16x16 trenches, evaluated on held-out 16x16
+    # trenches; the action mask; a flat (convolution-free) map encoder, whose PPO loops XLA:CPU
+    # runs without unrolling, so the update compiles in well under a minute.
     "cpu_demo": TrainConfig(
         map_size=16,
         map_types=("trenches",),
-        max_steps=100,
+        curriculum=("tiny_trenches", "trenches"),
+        max_steps=500,  # the scripted solver needs 153 steps (median), 229 (max)
         num_maps=64,
         use_action_mask=True,
         num_devices=1,
         num_envs_per_device=64,
         num_steps=32,
-        total_timesteps=600_000,
+        total_timesteps=1_600_000,
         update_epochs=4,
         num_minibatches=4,
         lr=5e-4,
         gamma=0.99,
-        ent_coef_start=0.02,
-        ent_coef_end=0.005,
-        ent_coef_decay_updates=300,
+        ent_coef_start=0.01,
+        ent_coef_end=0.01,
+        ent_coef_decay_updates=0,
+        map_encoder="flat",
         map_feature_dim=128,
         hidden_dim=128,
         precision="float32",
-        log_train_interval=5,
-        log_eval_interval=25,
+        log_train_interval=10,
+        log_eval_interval=100,
         eval_episodes=64,
-        checkpoint_interval=50,
+        checkpoint_interval=200,
     ),
 }
 
@@ -237,7 +256,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
     for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
-                 "cache_clear_interval", "ent_coef_decay_updates", "dataset_size"):
+                 "cache_clear_interval", "ent_coef_decay_updates", "dataset_size",
+                 "curriculum_demote_after"):
         if getattr(c, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
     if c.num_devices < 1 or c.num_devices > num_local_devices:
@@ -265,6 +285,7 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         ("precision", PRECISIONS),
         ("map_encoder", MAP_ENCODERS),
         ("reward", REWARD_KINDS),
+        ("lr_schedule", LR_SCHEDULES),
         ("wandb_mode", WANDB_MODES),
     )
     for name, allowed in choices:
@@ -277,6 +298,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         _validate_excavation(c)
     elif c.use_action_mask:
         raise ConfigError("--enable_action_mask needs --env excavation (gymnax envs have no mask)")
+    elif c.curriculum:
+        raise ConfigError("--curriculum needs --env excavation (gymnax envs have no map levels)")
 
 
 def _validate_excavation(c: TrainConfig) -> None:
@@ -290,3 +313,19 @@ def _validate_excavation(c: TrainConfig) -> None:
         raise ConfigError(f"--map_types must be a comma list of {MAP_TYPES}, got {c.map_types}")
     if not 0.0 <= c.wheeled_fraction <= 1.0:
         raise ConfigError(f"--wheeled_fraction must be in [0, 1], got {c.wheeled_fraction}")
+    unknown = [t for t in c.curriculum if t not in MAP_TYPES]
+    if unknown:
+        raise ConfigError(f"--curriculum must be a comma list of {MAP_TYPES}, got {c.curriculum}")
+    if len(set(c.curriculum)) != len(c.curriculum):
+        raise ConfigError(f"--curriculum lists a level twice: {c.curriculum}")
+    if c.curriculum and c.curriculum_promote_after < 1:
+        raise ConfigError(
+            f"--curriculum_promote_after must be >= 1, got {c.curriculum_promote_after}"
+        )
+    if c.curriculum and c.dataset_path:
+        raise ConfigError("--curriculum needs procedural maps; drop --dataset_path/DATASET_PATH")
+    if c.eval_map_seed == c.map_seed:
+        raise ConfigError(
+            f"--eval_map_seed {c.eval_map_seed} equals --map_seed: evaluation maps must be "
+            "held out; pick another seed"
+        )

@@ -81,6 +81,8 @@ class GymnaxBatchEnv:
     """
 
     has_success: bool = False
+    group_names: tuple[str, ...] = ()
+    curriculum_level_names: tuple[str, ...] = ()
 
     def __init__(self, env_id: str, num_envs: int):
         if env_id not in gymnax.registered_envs:
@@ -108,8 +110,9 @@ class GymnaxBatchEnv:
         obs_struct, _ = jax.eval_shape(env.reset, jax.random.key(0), params)
         self.obs_shape = tuple(obs_struct.shape)
 
-    def reset(self, key: jax.Array, params, staggered: bool = True):
+    def reset(self, key: jax.Array, params, staggered: bool = True, first_maps=None):
         """Fresh episodes for every env -> (obs float32 [num_envs, *obs_shape], state).
+        `first_maps` is accepted for the trainer's interface and ignored (no map pool).
 
         With `staggered` (a static Python bool) and a stagger-safe env, each env's
         `state.time` (its episode age) starts uniform in `[0, max_steps)`.
@@ -151,3 +154,11 @@ class GymnaxBatchEnv:
     def episode_age(self, state) -> jax.Array:
         """Steps taken in each env's current episode: int32 [num_envs]."""
         return jnp.asarray(state.time).astype(jnp.int32)
+
+    def episode_group(self, state, params) -> jax.Array:
+        """int32 [num_envs]: zeros (no episode groups)."""
+        return jnp.zeros((self.num_envs,), jnp.int32)
+
+    def curriculum_level(self, state) -> jax.Array:
+        """int32 [num_envs]: zeros (no curriculum)."""
+        return jnp.zeros((self.num_envs,), jnp.int32)

@@ -312,8 +312,12 @@ class RunLogger:
         self._log(update, env_step, dict(metrics))
 
     def log_eval(self, update: int, env_step: int, metrics: Mapping[str, Any]) -> None:
-        """Writes evaluation metrics as `eval/<name>` and keeps them for the progress line."""
-        prefixed = {k if k.startswith("eval/") else f"eval/{k}": v for k, v in metrics.items()}
+        """Writes evaluation metrics as `eval/<name>` (names already under `eval/` or
+        `eval_sampled/` stay) and keeps them for the progress line."""
+        prefixed = {
+            k if k.startswith(("eval/", "eval_sampled/")) else f"eval/{k}": v
+            for k, v in metrics.items()
+        }
         self.last_eval = self._log(update, env_step, prefixed)
 
     def progress(self, update: int, env_step: int, steps_per_second: float | None) -> None:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
     checkpoints = CheckpointStore(run_dir / "checkpoints", keep_last=config.keep_checkpoints,
                                   read_only=not writer)
-    eval_keys = ("eval/rewards", "eval/positive_terminations", "eval/episode_return")
+    eval_keys = ("eval/completion_rate", "eval/first_episode_return", "eval/rewards")
     logger = make_logger(run_dir, config, eval_keys) if writer else NullRunLogger()
     with logger:
         logger.message(f"run directory: {run_dir}")
@@ -116,10 +116,20 @@ def main(argv: list[str] | None = None) -> int:
             f"done: {result.updates_done:,} updates, {result.env_steps:,} env steps; "
             f"last eval: {summary or 'none'}"
         )
+        if "eval/completion_rate" in evals:
+            logger.message(completion_line(evals, config.eval_episodes))
     checkpoints.close()
     if writer:
         print(f"run directory: {run_dir.resolve()}")
     return 0
+
+
+def completion_line(evals: dict[str, float], episodes: int) -> str:
+    """The run's headline: completion on the held-out maps, greedy and sampled."""
+    parts = [f"greedy {evals['eval/completion_rate']:.1%}"]
+    if "eval_sampled/completion_rate" in evals:
+        parts.append(f"sampled {evals['eval_sampled/completion_rate']:.1%}")
+    return f"held-out completion rate ({episodes} maps): {', '.join(parts)}"
 
 
 def stop_if_any_failed(error: str) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
-MAP_ENCODERS = ("atari", "resnet")
+MAP_ENCODERS = ("atari", "resnet", "flat")
 EXCAVATION_OBS_KEYS = frozenset(
     {
         "agent_state",
@@ -182,6 +182,27 @@ class ImpalaMapEncoder(nn.Module):
         return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(nn.relu(x))))
 
 
+class FlatMapEncoder(nn.Module):
+    """No convolution: the map channels flattened into one Dense layer, [B, N, N, C] ->
+    [B, features]. For small maps (16x16: 2048 inputs) it is cheaper than a CNN, and
+    without convolutions the PPO loops need not be unrolled on XLA:CPU, so the update
+    compiles in a fraction of the time (`uses_convolutions`)."""
+
+    features: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, maps: jax.Array) -> jax.Array:
+        return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(maps)))
+
+
+_MAP_ENCODER_CLASSES = {
+    "atari": AtariMapEncoder,
+    "resnet": ImpalaMapEncoder,
+    "flat": FlatMapEncoder,
+}
+
+
 # --------------------------------------------------------------------------- excavation
 
 
@@ -223,7 +244,7 @@ class ExcavationEncoder(nn.Module):
     @nn.compact
     def __call__(self, obs: dict) -> jax.Array:
         cfg, dtype = self.config, self.config.dtype
-        encoder_cls = AtariMapEncoder if cfg.map_encoder == "atari" else ImpalaMapEncoder
+        encoder_cls = _MAP_ENCODER_CLASSES[cfg.map_encoder]
         map_features = encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder")(
             _pad_channels(map_channels(obs)).astype(dtype)
         )
@@ -361,6 +382,14 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
     raise ValueError(
         f"batched observation must be [B, D] or [B, H, W, C], got shape {np.shape(example_obs)}"
     )
+
+
+def uses_convolutions(policy: nn.Module) -> bool:
+    """Whether the network has convolution layers (their gradients run an order of
+    magnitude slower inside XLA:CPU loops, jax-ml/jax#12868)."""
+    if isinstance(policy, ExcavationPolicy):
+        return policy.config.map_encoder != "flat"
+    return isinstance(policy, GymnaxCNNPolicy)
 
 
 def _unwrap(params):

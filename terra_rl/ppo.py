@@ -96,12 +96,32 @@ def entropy_coefficient(config: TrainConfig, update: jax.Array) -> jax.Array:
     return coef.astype(jnp.float32)
 
 
+def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
+    """`lr`, or a schedule over optimizer steps (`update_epochs x num_minibatches` per
+    update) that anneals it to 0 at the end of `num_updates`, linearly or by a cosine."""
+    if config.lr_schedule == "constant":
+        return config.lr
+    steps = max(config.num_updates * config.update_epochs * config.num_minibatches, 1)
+    if config.lr_schedule == "linear":
+        return optax.linear_schedule(config.lr, 0.0, steps)
+    return optax.cosine_decay_schedule(config.lr, steps)
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then Adam (eps 1e-5)."""
+    """Global-norm clipping, then Adam (eps 1e-5) at `learning_rate(config)`."""
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(config.lr, eps=1e-5),
+        optax.adam(learning_rate(config), eps=1e-5),
     )
+
+
+def learning_rate_at(config: TrainConfig, update: jax.Array) -> jax.Array:
+    """float32 []: the learning rate of the first optimizer step of `update`."""
+    schedule = learning_rate(config)
+    if not callable(schedule):
+        return jnp.float32(schedule)
+    step = update * config.update_epochs * config.num_minibatches
+    return jnp.asarray(schedule(step), jnp.float32)
 
 
 def categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:

@@ -24,7 +24,7 @@ import numpy as np
 from terra_rl import distributed, ppo
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig
-from terra_rl.evaluation import make_eval_fn
+from terra_rl.evaluation import make_eval_fn, sampled_names
 from terra_rl.logger import RunLogger
 from terra_rl.models import PolicyConfig, count_parameters, make_policy
 from terra_rl.train_env import make_train_envs
@@ -39,6 +39,8 @@ OPTIONAL_METRIC_MARKERS = (
     "value_by_age/",
     "explained_variance",
     "grad_norm",  # every minibatch step of the update overflowed: counted, not a norm
+    "completion_rate/",  # an episode group with no eval env
+    "steps_to_completion",
 )
 
 
@@ -57,8 +59,10 @@ class Trainer:
     update_fn: Any
     eval_fn: Any
     env_params: Any
-    """The map pool replicated over the device axis (a pmap argument, never a constant),
-    as global arrays."""
+    """The training map pool replicated over the device axis (a pmap argument, never a
+    constant), as global arrays."""
+    eval_env_params: Any = None
+    """The held-out evaluation pool, laid out like `env_params`."""
     compiled_update: Any = None
     compiled_eval: Any = None
     compile_seconds: float = 0.0
@@ -108,22 +112,31 @@ class Trainer:
         """The evaluation compiled ahead of time (once per trainer); it takes global arrays
         `(params, eval keys, env_params)`."""
         if self.compiled_eval is None:
-            args = self._local(runner.policy.params, self.eval_keys(0), self.env_params)
+            args = self._local(runner.policy.params, self.eval_keys(), self.eval_env_params,
+                               self.replicate(np.bool_(False)))
             self.compiled_eval = self.eval_fn.lower(*args).compile()
         return self.compiled_eval
 
-    def eval_keys(self, update: int):
-        """Eval keys depend only on the seed and the update, never on the runner's key, so
-        evaluating does not change training (and resumed runs match straight ones)."""
+    def eval_keys(self):
+        """Eval keys depend only on the seed, never on the runner's key or the update, so
+        evaluating does not change training, resumed runs match straight ones, and every
+        eval of a run starts the same episodes (same maps and spawns): its evals compare."""
         key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 2)
-        key = jax.random.fold_in(key, update)
         return self.shard(np.asarray(jax.random.split(key, self.num_devices)))
 
     def evaluate(self, runner: RunnerState, update: int) -> dict[str, float]:
-        """Eval metrics of the runner's policy (a collective: all processes call it)."""
+        """Eval metrics of the runner's policy on the held-out pool: greedy (`eval/...`)
+        and, with `eval_sampling`, sampled (`eval_sampled/...`). A collective: all processes
+        call it."""
+        del update  # the same episodes at every eval
         evaluate = self.compile_eval(runner)
-        return host_metrics(evaluate(runner.policy.params, self.eval_keys(update),
-                                     self.env_params))
+        metrics = {}
+        for sample in (False, True) if self.config.eval_sampling else (False,):
+            result = host_metrics(evaluate(runner.policy.params, self.eval_keys(),
+                                           self.eval_env_params,
+                                           self.replicate(np.bool_(sample))))
+            metrics.update(sampled_names(result) if sample else result)
+        return metrics
 
     def _local(self, *trees):
         """Global arrays -> the host-local views a `jax.pmap` call takes on each process."""
@@ -162,6 +175,7 @@ def build_trainer(config: TrainConfig) -> Trainer:
         env_params=None,
     )
     trainer.env_params = trainer.replicate(train_env.params)
+    trainer.eval_env_params = trainer.replicate(eval_env.params)
     return trainer
 
 

@@ -17,6 +17,7 @@ from flax import struct
 from terra_rl import loss_scaling, ppo
 from terra_rl.config import TrainConfig
 from terra_rl.loss_scaling import LossScale
+from terra_rl.models import uses_convolutions
 from terra_rl.precision import apply_action_mask, gradient_norms, to_float32
 
 AXIS = "device"
@@ -155,8 +156,9 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
     runner state. Metrics are float32 scalars, identical on every device."""
     num_envs = env.num_envs
     # XLA:CPU runs convolution gradients inside a while loop an order of magnitude slower
-    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops are unrolled.
-    unroll_updates = jax.default_backend() == "cpu"
+    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with
+    # convolutions are unrolled (at a compile time that grows with epochs x minibatches).
+    unroll_updates = jax.default_backend() == "cpu" and uses_convolutions(policy)
 
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
@@ -278,8 +280,10 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             unroll=unroll_updates,
         )
         metrics = optimization_metrics(update_metrics, loss_scale)
-        metrics.update({"sched/entropy_coef": ent_coef, "sched/lr": jnp.float32(config.lr)})
+        metrics["sched/entropy_coef"] = ent_coef
+        metrics["sched/lr"] = ppo.learning_rate_at(config, counters.update)
         metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps))
+        metrics.update(curriculum_metrics(env, env_state))
         new_runner = RunnerState(
             policy=policy_state,
             env_state=env_state,
@@ -344,6 +348,20 @@ def rollout_metrics(traj, episodes, done, returns, max_steps: int) -> dict[str, 
         lo, hi = b * 100 // NUM_AGE_BUCKETS, (b + 1) * 100 // NUM_AGE_BUCKETS
         fit = value_fit_metrics(errors, returns, bucket == b, psum)
         metrics.update({f"value_by_age/{lo:02d}_{hi}pct/{k}": v for k, v in fit.items()})
+    return metrics
+
+
+def curriculum_metrics(env, env_state) -> dict[str, jax.Array]:
+    """Share of envs (over all devices) at each curriculum level after the rollout, as
+    `curriculum/<level name>`, and the mean level index; empty without a curriculum."""
+    names = env.curriculum_level_names
+    if not names:
+        return {}
+    level = env.curriculum_level(env_state)
+    count = jax.lax.psum(jnp.float32(level.shape[0]), AXIS)
+    shares = jax.lax.psum(jnp.sum(jax.nn.one_hot(level, len(names)), axis=0), AXIS) / count
+    metrics = {f"curriculum/{name}": shares[i] for i, name in enumerate(names)}
+    metrics["curriculum/mean_level"] = jax.lax.psum(jnp.sum(level), AXIS) / count
     return metrics
 
 

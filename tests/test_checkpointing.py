@@ -14,10 +14,10 @@ import orbax.checkpoint as ocp
 import pytest
 from flax.training.train_state import TrainState
 
-from terra_rl.checkpointing import CheckpointError, CheckpointStore
+from terra_rl.checkpointing import DEFAULT_BEST_METRIC, CheckpointError, CheckpointStore
 
 NUM_DEVICES = 4
-BEST = "eval/positive_terminations"
+BEST = DEFAULT_BEST_METRIC
 CONFIG = {
     "preset": "solo_excavator",
     "lr": 3e-4,

@@ -19,6 +19,7 @@ from terra_rl.config import (
     validate,
 )
 from terra_rl.flags import parse_train_args
+from terra_rl.validation import small
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +51,11 @@ def test_other_presets():
     }
     demo = get_preset("cpu_demo")
     assert demo.map_size <= 32 and demo.precision == "float32"
+    # The tests' tiny config keeps cpu_demo's maps, curriculum and encoder, so CLI tests on
+    # the preset share its compiled functions.
+    for name in ("map_size", "map_types", "curriculum", "map_encoder", "use_action_mask"):
+        assert small.SMOKE_FIELDS[name] == getattr(demo, name), name
+    assert demo.curriculum and demo.curriculum[-1] in demo.map_types
     for name in PRESETS:
         validate(resolve(get_preset(name), 4), 4)
 

@@ -67,6 +67,14 @@ def _assert_invariants(maps: MapSet, clearance: int) -> None:
     assert no_dump.any(axis=(1, 2))[trenches].all()
     free_dumpable = ((maps.dumpability == 1) & ~dig).sum(axis=(1, 2))
     assert (free_dumpable[trenches] >= dig_area[trenches]).all()
+    # the curriculum's first levels: a few tiles, no obstacles, zones only on tiny foundations
+    tiny_trenches = maps.map_type == MAP_TYPES.index("tiny_trenches")
+    tiny_foundations = maps.map_type == MAP_TYPES.index("tiny_foundations")
+    assert ((dig_area >= 2) & (dig_area <= 4))[tiny_trenches].all()
+    assert (dump_area[tiny_trenches] == 0).all()
+    assert ((dig_area >= 2) & (dig_area <= 6))[tiny_foundations].all()
+    assert (dump_area[tiny_foundations] >= dig_area[tiny_foundations]).all()
+    assert not obstacle[tiny_trenches | tiny_foundations].any()
 
     for (row, col), target, obstacles in zip(
         maps.spawn_pose, maps.target_map, maps.obstacles, strict=True
@@ -123,14 +131,15 @@ def test_shorter_run_is_a_prefix_of_a_longer_one():
 def test_types_are_split_round_robin():
     maps = generate_maps(["trenches", "foundations"], 16, count=7, seed=0, spawn_clearance=3)
     assert maps.map_type.tolist() == [TRENCHES, FOUNDATIONS] * 3 + [TRENCHES]
-    assert maps.type_counts() == {"foundations": 3, "trenches": 4}
+    assert maps.type_counts() == {"foundations": 3, "trenches": 4, "tiny_trenches": 0,
+                                  "tiny_foundations": 0}
 
 
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({"types": ["castles"]}, "valid types: foundations, trenches"),
-        ({"types": []}, "valid types: foundations, trenches"),
+        ({"types": ["castles"]}, "valid types: " + ", ".join(MAP_TYPES)),
+        ({"types": []}, "valid types: " + ", ".join(MAP_TYPES)),
         ({"size": 20}, "valid sizes: 16, 32, 64"),
         ({"count": 0}, "count"),
         ({"seed": -1}, "seed"),
@@ -161,7 +170,8 @@ def test_save_then_load_round_trips(dataset_dir):
     assert manifest["format_version"] == 1
     assert (manifest["map_size"], manifest["count"], manifest["seed"]) == (16, 6, 1)
     assert manifest["spawn_clearance"] == 3
-    assert manifest["counts_per_type"] == {"foundations": 3, "trenches": 3}
+    assert manifest["counts_per_type"] == {"foundations": 2, "trenches": 2, "tiny_trenches": 1,
+                                           "tiny_foundations": 1}
     assert manifest["files"]["spawn_pose"]["shape"] == [6, 2]
     assert manifest["files"]["spawn_pose"]["dtype"] == "int32"
 
@@ -277,7 +287,8 @@ def test_cli_writes_a_loadable_dataset(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "foundations: 3" in result.stdout and "trenches: 2" in result.stdout
     maps = load_map_dataset(out)
-    assert maps.equals(generate_maps(MAP_TYPES, 32, count=5, seed=4, spawn_clearance=4))
+    assert maps.equals(generate_maps(("foundations", "trenches"), 32, count=5, seed=4,
+                                     spawn_clearance=4))
 
 
 def test_cli_rejects_unknown_type_with_exit_code_2(tmp_path):

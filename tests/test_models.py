@@ -24,6 +24,7 @@ from terra_rl.models import (
     make_policy,
     map_channels,
     parameter_groups,
+    uses_convolutions,
 )
 from terra_rl.validation import references, small
 
@@ -34,6 +35,7 @@ ARCHITECTURES = [
     ("atari", True),
     ("resnet", False),
     ("resnet", True),
+    ("flat", False),
 ]
 # Each gradient configuration costs one compile: together they cover both encoders, both
 # trunk layouts and both precisions.
@@ -42,6 +44,7 @@ GRADIENT_CASES = [
     ("resnet", True, "float32"),
     ("atari", True, "bfloat16"),
     ("resnet", False, "bfloat16"),
+    ("flat", True, "float32"),
 ]
 
 
@@ -153,6 +156,19 @@ def test_matmuls_and_convs_run_in_the_compute_dtype(obs4, map_encoder, precision
     assert names == {"dot_general", "conv_general_dilated"}
     # trunk 2 + heads 2 + map Dense 1 + agent MLP 2 + local MLP 2
     assert sum(name == "dot_general" for name, _ in ops) == 9
+    assert_heads_float32_rest_in(ops, precision)
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_flat_encoder_has_no_convolution(obs4, precision):
+    model = _model("flat", False, precision)
+    assert not uses_convolutions(model) and uses_convolutions(_model("atari"))
+    params = _abstract_params(model, obs4)
+    assert params["encoder"]["map_encoder"]["Dense_0"]["kernel"].shape == (16 * 16 * 8, 32)
+    jaxpr = jax.make_jaxpr(model.apply)({"params": params}, obs4).jaxpr
+    ops = _matmul_operand_dtypes(jaxpr, [])
+    assert {name for name, _ in ops} == {"dot_general"}
+    assert len(ops) == 9
     assert_heads_float32_rest_in(ops, precision)
 
 

@@ -77,6 +77,10 @@ def test_four_device_updates(tiny_trainer):
                  "train/max_episode_progress", "value_by_age/75_100pct/count"):
         assert math.isfinite(metrics[name]), name
     assert metrics["train/timeout_rate"] > 0.0  # timeouts inside the rollout
+    # cpu_demo's curriculum: every env at some level, untrained envs still on the first.
+    levels = [metrics[f"curriculum/{name}"] for name in trainer.config.curriculum]
+    assert sum(levels) == pytest.approx(1.0) and levels[0] > 0.5
+    assert metrics["curriculum/mean_level"] == pytest.approx(levels[1])
     assert metrics["precision/skipped_update_fraction"] == 0.0
     assert metrics["precision/overflow_steps"] == 0.0
     assert metrics["precision/loss_scale"] == 1.0
@@ -105,15 +109,31 @@ def test_evaluation_metrics(tiny_trainer):
     trainer = tiny_trainer
     runner = trainer.init_runner()
     metrics = trainer.evaluate(runner, update=0)
-    action_share = sum(metrics[f"eval/{name}"] for name in trainer.eval_env.action_names)
-    assert action_share == pytest.approx(1.0, abs=1e-5)
-    assert 0.0 <= metrics["eval/positive_terminations"]
-    assert 0.0 <= metrics["eval/episode_completion_rate"] <= 1.0
-    # Fresh (unstaggered) episodes all time out exactly at the 12-step horizon.
-    assert metrics["eval/episodes_finished"] == trainer.config.eval_episodes
-    assert math.isfinite(metrics["eval/rewards"]) and math.isfinite(metrics["eval/max_reward"])
-    again = trainer.evaluate(runner, update=0)
-    assert again == metrics  # deterministic for a given update
+    episodes = trainer.config.eval_episodes
+    # The held-out pool has one map per eval env, none of them a training map.
+    assert trainer.eval_env.params.num_maps == episodes
+    train_maps = {m.tobytes() for m in np.asarray(trainer.train_env.params.target_map)}
+    assert not any(m.tobytes() in train_maps
+                   for m in np.asarray(trainer.eval_env.params.target_map))
+    for prefix in ("eval/", "eval_sampled/"):
+        action_share = sum(metrics[prefix + name] for name in trainer.eval_env.action_names)
+        assert action_share == pytest.approx(1.0, abs=1e-5)
+        rate = metrics[prefix + "completion_rate"]
+        assert 0.0 <= rate <= 1.0
+        assert metrics[prefix + "episode_completion_rate"] == rate
+        assert 0.0 <= metrics[prefix + "positive_terminations"]
+        # Fresh (unstaggered) episodes that do not succeed time out at the 12-step horizon.
+        assert metrics[prefix + "episodes_finished"] == episodes
+        assert math.isfinite(metrics[prefix + "rewards"])
+        assert metrics[prefix + "first_episode_return"] < 0.0  # step costs, no completion
+    # Trench maps and tracked excavators only: one group holds every eval env.
+    assert metrics["eval/completion_rate/trenches/tracked"] == metrics["eval/completion_rate"]
+    assert not any(name.startswith("eval/completion_rate/foundations") for name in metrics)
+    # Greedy and sampled policies act differently.
+    shares = lambda prefix: [metrics[prefix + n] for n in trainer.eval_env.action_names]  # noqa: E731
+    assert shares("eval/") != shares("eval_sampled/")
+    # Every eval starts the same episodes: evals of one policy repeat exactly.
+    assert trainer.evaluate(runner, update=5) == metrics
 
 
 def run_train(trainer, run_dir, *, resume=False, stop_after=None):
@@ -176,7 +196,7 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
              "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
     for name, value in TINY.items():
         if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
-                        "use_action_mask"):  # cpu_demo's own values
+                        "curriculum", "use_action_mask"):  # cpu_demo's own values
             flags += [f"--{name}", str(value)]
     flags += ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
     assert main(flags) == 0
@@ -211,7 +231,7 @@ def test_benchmark_train_script(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("benchmark_train", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    skip = ("preset", "compilation_cache_dir", "map_types", "use_action_mask")
+    skip = ("preset", "compilation_cache_dir", "map_types", "curriculum", "use_action_mask")
     sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
     sets += [f"num_devices={NUM_DEVICES}"]
     args = ["--config", "cpu_demo", "--updates", "1", "--json", str(tmp_path / "b.json")]

@@ -162,7 +162,8 @@ def env_action_mask(options: GateOptions) -> str:
 STATE_FIELDS = ("pos", "base_heading", "cabin_heading", "wheel_angle", "loaded")
 # Per agent: (agent_type, wheel, loaded) and, per action, the fields it changes with their new
 # values ("maps": the action map changes by a dig or a dump) and the reward terms it pays besides
-# existence.
+# the step cost every action pays (a dig pays progress; the map has no dump zones, so a dump is
+# neutral).
 DISPATCH_AGENTS = {
     "tracked": (A.TRACKED, 0, 0),
     "wheeled": (A.WHEELED, 0, 0),
@@ -171,33 +172,33 @@ DISPATCH_AGENTS = {
 }
 DISPATCH_EXPECTED = {
     "tracked": [
-        ({"pos": (8, 9)}, {"move"}),
-        ({"pos": (8, 7)}, {"move"}),
-        ({"base_heading": 11}, {"base_turn"}),
-        ({"base_heading": 1}, {"base_turn"}),
-        ({"cabin_heading": 11}, {"cabin_turn"}),
-        ({"cabin_heading": 1}, {"cabin_turn"}),
-        ({"maps": "dig", "loaded": 1}, {"dig_correct"}),
+        ({"pos": (8, 9)}, set()),
+        ({"pos": (8, 7)}, set()),
+        ({"base_heading": 11}, set()),
+        ({"base_heading": 1}, set()),
+        ({"cabin_heading": 11}, set()),
+        ({"cabin_heading": 1}, set()),
+        ({"maps": "dig", "loaded": 1}, {"progress"}),
         ({}, set()),
     ],
     "wheeled": [
-        ({"pos": (8, 9)}, {"move"}),
-        ({"pos": (8, 7)}, {"move"}),
-        ({"wheel_angle": 1}, {"wheel_turn"}),
-        ({"wheel_angle": -1}, {"wheel_turn"}),
-        ({"cabin_heading": 11}, {"cabin_turn"}),
-        ({"cabin_heading": 1}, {"cabin_turn"}),
-        ({"maps": "dig", "loaded": 1}, {"dig_correct"}),
+        ({"pos": (8, 9)}, set()),
+        ({"pos": (8, 7)}, set()),
+        ({"wheel_angle": 1}, set()),
+        ({"wheel_angle": -1}, set()),
+        ({"cabin_heading": 11}, set()),
+        ({"cabin_heading": 1}, set()),
+        ({"maps": "dig", "loaded": 1}, {"progress"}),
         ({}, set()),
     ],
     "wheeled-wheel-1": [  # arcs: the heading follows the wheels; the wheel limit is 1
-        ({"pos": (8, 9), "base_heading": 1}, {"move"}),
-        ({"pos": (8, 7), "base_heading": 11}, {"move"}),
-        ({}, {"wheel_turn"}),
-        ({"wheel_angle": 0}, {"wheel_turn"}),
-        ({"cabin_heading": 11}, {"cabin_turn"}),
-        ({"cabin_heading": 1}, {"cabin_turn"}),
-        ({"maps": "dig", "loaded": 1}, {"dig_correct"}),
+        ({"pos": (8, 9), "base_heading": 1}, set()),
+        ({"pos": (8, 7), "base_heading": 11}, set()),
+        ({}, set()),
+        ({"wheel_angle": 0}, set()),
+        ({"cabin_heading": 11}, set()),
+        ({"cabin_heading": 1}, set()),
+        ({"maps": "dig", "loaded": 1}, {"progress"}),
         ({}, set()),
     ],
     "tracked-loaded": [  # a loaded base cannot move or turn; DO dumps
@@ -205,9 +206,9 @@ DISPATCH_EXPECTED = {
         ({}, {"move_while_loaded"}),
         ({}, {"move_while_loaded"}),
         ({}, {"move_while_loaded"}),
-        ({"cabin_heading": 11}, {"cabin_turn"}),
-        ({"cabin_heading": 1}, {"cabin_turn"}),
-        ({"maps": "dump", "loaded": 0}, {"dump_correct"}),
+        ({"cabin_heading": 11}, set()),
+        ({"cabin_heading": 1}, set()),
+        ({"maps": "dump", "loaded": 0}, set()),
         ({}, set()),
     ],
 }
@@ -262,7 +263,11 @@ def state_step_dispatch(options: GateOptions) -> str:
             require(dumped == 2, f"{where}: DO dumped {dumped} of the 2 units")
         require(after.last_actions[index][0] == action, f"{where}: last_actions[0] is wrong")
         nonzero = {
-            term for term, value in terms.items() if term != "existence" and value[index] != 0
+            term for term, value in terms.items() if term != "step" and value[index] != 0
         }
         require(nonzero == paid, f"{where}: paid {sorted(nonzero)}, expected {sorted(paid)}")
+        require(
+            np.isclose(terms["step"][index], env.config.reward.step),
+            f"{where}: step cost {terms['step'][index]}, expected {env.config.reward.step}",
+        )
     return f"{len(DISPATCH_AGENTS)} agents x {A.NUM_ACTIONS} actions reach exactly their own effect"

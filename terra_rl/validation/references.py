@@ -127,6 +127,8 @@ def expected_parameter_count(
         side = math.ceil(math.ceil(map_size / 4) / 2)
         map_encoder = conv(8, channels, 32) + conv(4, 32, 64) + conv(3, 64, 64)
         map_encoder += dense(side * side * 64, features)
+    elif policy_config.map_encoder == "flat":
+        map_encoder = dense(map_size * map_size * channels, features)
     else:
         map_encoder, inputs, side = 0, channels, map_size
         for width in (16, 32, 32):

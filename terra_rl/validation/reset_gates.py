@@ -191,7 +191,7 @@ def step_episode_ends(names: tuple[str, ...]):
 def terminal_reward_only_on_task_done(options: GateOptions) -> str:
     env = small.small_env()
     rewards = env.config.reward
-    bonus = rewards.terminal_success / rewards.normalizer
+    bonus = rewards.terminal_success
     names = ("timeout", "task_done")
     after, reward, terminated, truncated, info = step_episode_ends(names)
     terms = info["reward_terms"]
