@@ -110,7 +110,7 @@ class Trainer:
 
     def compile_eval(self, runner: RunnerState):
         """The evaluation compiled ahead of time (once per trainer); it takes global arrays
-        `(params, eval keys, env_params)`."""
+        `(params, eval keys, eval env_params, sample flags bool [D])`."""
         if self.compiled_eval is None:
             args = self._local(runner.policy.params, self.eval_keys(), self.eval_env_params,
                                self.replicate(np.bool_(False)))

@@ -23,6 +23,7 @@ from terra_rl.trainer import build_trainer
 FREE = slice(3, 13)
 SPAWN_SQUARE = range(4, 11)  # rows and cols of the spawn square around (7, 7): no targets
 UPDATES = 100
+"""Updates trained; the learning rate anneals linearly over twice as many."""
 
 
 def tile_positions() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -50,12 +51,12 @@ def one_tile_maps(tiles: list[tuple[int, int]]) -> MapSet:
 def test_training_raises_held_out_completion_from_zero():
     config = resolve(
         TrainConfig(
-            map_size=16, map_types=("tiny_trenches",), use_action_mask=True, max_steps=32,
+            map_size=16, map_types=("tiny_trenches",), use_action_mask=True, max_steps=40,
             num_maps=38, num_devices=1, num_envs_per_device=32, num_steps=16,
             update_epochs=2, num_minibatches=2, map_encoder="flat", map_feature_dim=64,
             hidden_dim=64, precision="float32", lr=1e-3, lr_schedule="linear", gamma=0.95,
             ent_coef_start=0.01, ent_coef_end=0.01, eval_episodes=13, eval_sampling=False,
-            total_timesteps=32 * 16 * 150, compilation_cache_dir="", wandb_mode="disabled",
+            total_timesteps=32 * 16 * 2 * UPDATES, compilation_cache_dir="", wandb_mode="disabled",
         ),
         jax.local_device_count(),
     )
