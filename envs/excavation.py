@@ -50,7 +50,6 @@ def dig_and_dump(workspace, w_target, w_action, w_dump, loaded) -> dict[str, jax
         "dig_dumpability": jnp.where(near_dug > 0, jnp.int8(0), w_dump),
         "dig_units": jnp.sum(lowered, dtype=jnp.int32),
         "picked_up": picked_up,
-        "pickup_on_zone": jnp.sum(lowered & picked_up & on_zone, dtype=jnp.int32),
         "pickup_outside_zone": jnp.sum(lowered & picked_up & ~on_zone, dtype=jnp.int32),
         "dump_action": (w_action + share).astype(jnp.int8),
         "dump_units": jnp.sum(share),

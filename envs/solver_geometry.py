@@ -170,7 +170,8 @@ def cabin_turns(current: int, wanted: int) -> list[int]:
     return [A.CABIN_ANTICLOCK] * steps if steps <= H // 2 else [A.CABIN_CLOCK] * (H - steps)
 
 
-def _turn_count(current, wanted):
+def turn_count(current, wanted):
+    """Cabin turns (either way) from `current` to `wanted` heading; numpy, broadcasts."""
     steps = (np.asarray(wanted) - np.asarray(current)) % H
     return np.minimum(steps, H - steps)
 

@@ -14,12 +14,12 @@ from envs import actions as A
 from envs import geometry as geo
 from envs.config import EnvConfig
 from envs.solver_geometry import (
-    _turn_count,
     cabin_turns,
     path_to,
     pose_geometry,
     pose_graph,
     shortest_paths,
+    turn_count,
 )
 
 H = geo.NUM_HEADINGS
@@ -256,7 +256,7 @@ class Planner:
                 misplaced = self._ext((action_map > 0) & (self.target != 1))
                 value = np.where(has_soil, misplaced[reach].sum(axis=-1), value)
         heading = poses % H
-        cabin_turn_count = _turn_count((heading[:, None] + cabin) % H, np.arange(H)[None])
+        cabin_turn_count = turn_count((heading[:, None] + cabin) % H, np.arange(H)[None])
         spent = dist[:, None] + cabin_turn_count + 2
         rate = np.where(value > 0, value / spent, -1.0)
         if noise is not None:  # a search that backjumped tries other orders
@@ -284,7 +284,7 @@ class Planner:
                     continue
                 if relocate and np.isin(receiving, take_tiles).any():
                     continue  # soil put back where it was taken from
-                turns = int(_turn_count(arm, dump_arm))
+                turns = int(turn_count(arm, dump_arm))
                 penalty = turns + 2 * len(receiving) + 2 * int(harm[receiving].sum())
                 options.append((net_gain, -penalty, dump_arm, new_map, turns))
             options.sort(key=lambda o: (o[0], o[1]), reverse=True)
