@@ -46,6 +46,7 @@ class RewardConfig:
         if self.progress_weight < 0 or self.terminal_success < 0:
             raise ValueError("progress_weight and terminal_success must be >= 0")
 
+
     @classmethod
     def sparse(cls) -> RewardConfig:
         return cls(collision=0.0, move_while_loaded=0.0, do_no_effect=0.0, progress_weight=0.0)
@@ -83,6 +84,11 @@ class EnvConfig:
     workspace_half_angle_deg: float = 30.0
     spawn_candidates: int = 8
     compute_action_mask: bool = True
+    mask_do_nothing: bool = True
+    """Mask DO_NOTHING in the action mask. Nothing else in the world moves, so waiting never
+    helps; a policy unsure of its next move otherwise learns to wait out the episode (56% of
+    a greedy cpu_demo policy's actions). A cabin turn is always allowed, so no state has every
+    action masked. DO_NOTHING still costs the step cost when taken unmasked."""
 
     def __post_init__(self) -> None:
         if self.map_size not in VALID_MAP_SIZES:

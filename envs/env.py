@@ -374,7 +374,8 @@ class ExcavationEnv:
         return self._observe(state, window, *layers)
 
     def action_mask(self, state: EnvState) -> jax.Array:
-        """bool [8]: True where the action would change the state (DO_NOTHING always)."""
+        """bool [8]: True where the action would change the state; DO_NOTHING unless
+        `EnvConfig.mask_do_nothing`."""
         return self.observation(state)["action_mask"]
 
     def episode_progress(self, state: EnvState) -> jax.Array:
@@ -450,6 +451,7 @@ class ExcavationEnv:
         can_dump = jnp.any(excavation.dumpable(workspace, w_target, w_action, w_dump))
         do_ok = jnp.where(is_loaded, can_dump, can_dig)
         true = jnp.ones((), bool)
+        wait_ok = jnp.asarray(not self.config.mask_do_nothing)
         return jnp.stack(
-            [base_ok[0], base_ok[1], turns_ok[0], turns_ok[1], true, true, do_ok, true]
+            [base_ok[0], base_ok[1], turns_ok[0], turns_ok[1], true, true, do_ok, wait_ok]
         )

@@ -94,6 +94,9 @@ class TrainConfig:
     map_feature_dim: int = 256
     hidden_dim: int = 256
     separate_actor_critic_trunks: bool = False
+    use_compass: bool = False
+    """Feed the policy egocentric counts of the tiles to dig, free dump space, soil and
+    obstacles per direction and distance (`terra_rl.compass`)."""
     precision: str = "bfloat16"
     """Model compute dtype: float32, bfloat16 or float16 (parameters are float32)."""
 
@@ -208,6 +211,7 @@ PRESETS: dict[str, TrainConfig] = {
         map_encoder="flat",
         map_feature_dim=128,
         hidden_dim=128,
+        use_compass=True,
         precision="float32",
         log_train_interval=10,
         log_eval_interval=100,

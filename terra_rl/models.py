@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terra_rl.compass import compass
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
 MAP_ENCODERS = ("atari", "resnet", "flat")
@@ -55,6 +56,8 @@ class PolicyConfig:
     hidden_dim: int = 256
     separate_actor_critic_trunks: bool = False
     precision: str = "float32"
+    compass: bool = False
+    """Add the egocentric tile counts of `terra_rl.compass` (excavation only)."""
 
     def __post_init__(self) -> None:
         if self.map_encoder not in MAP_ENCODERS:
@@ -235,8 +238,9 @@ class ExcavationEncoder(nn.Module):
     Submodules: `map_encoder` (CNN over `map_channels`, zero-padded to 8 channels),
     `base_heading_embed`,
     `cabin_heading_embed`, `wheel_angle_embed` and `agent_type_embed` (inputs of
-    `agent_state_mlp`), `local_maps_mlp`, `last_actions_embed`, and `trunk` (2 x Dense
-    hidden_dim + relu over the concatenated features).
+    `agent_state_mlp`), `local_maps_mlp`, `last_actions_embed`, `compass_mlp` (with
+    `PolicyConfig.compass`), and `trunk` (2 x Dense hidden_dim + relu over the
+    concatenated features).
     """
 
     config: PolicyConfig
@@ -282,9 +286,14 @@ class ExcavationEncoder(nn.Module):
         actions = _embed(NUM_LAST_ACTION_TOKENS, "last_actions_embed")(obs["last_actions"])
         action_features = actions.reshape(*actions.shape[:-2], -1).astype(dtype)
 
-        features = jnp.concatenate(
-            [map_features, agent_features, local_features, action_features], axis=-1
-        )
+        parts = [map_features, agent_features, local_features, action_features]
+        if cfg.compass:
+            parts.append(
+                _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name="compass_mlp")(
+                    compass(obs).astype(dtype)
+                )
+            )
+        features = jnp.concatenate(parts, axis=-1)
         return _Mlp((cfg.hidden_dim, cfg.hidden_dim), dtype, name="trunk")(features)
 
 

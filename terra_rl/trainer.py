@@ -150,6 +150,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         hidden_dim=config.hidden_dim,
         separate_actor_critic_trunks=config.separate_actor_critic_trunks,
         precision=config.precision,
+        compass=config.use_compass,
     )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from envs import CurriculumConfig, EnvConfig, ExcavationEnv
+from envs import actions as A
 from envs.maps import MAP_TYPES, generate_maps
 from envs.state import CurriculumState
 from terra_rl import ppo
@@ -172,3 +173,17 @@ def test_observation_mask_is_the_next_states_action_mask_across_resets(batch16, 
                                                                   params16)
         resets += int(np.sum(np.asarray(terminated | truncated)))
     assert resets > 0, "the horizon must cover resets"
+
+
+def test_do_nothing_is_masked_unless_configured_otherwise(batch16, params16):
+    """`mask_do_nothing` (default on) masks DO_NOTHING in every state; off, it allows it in
+    every state; the other seven entries do not depend on it."""
+    _, state = small.make_batch_reset(batch16)(jax.random.PRNGKey(5), params16)
+    one = jax.tree.map(lambda x: x[0], state)
+    waiting = ExcavationEnv(dataclasses.replace(batch16.env.config, mask_do_nothing=False))
+    masked = np.asarray(jax.jit(jax.vmap(batch16.env.action_mask))(state))
+    assert batch16.env.config.mask_do_nothing and not masked[:, A.DO_NOTHING].any()
+    assert masked[:, A.CABIN_CLOCK].all()  # so no state has every action masked
+    allowed = np.asarray(waiting.action_mask(one))
+    assert allowed[A.DO_NOTHING]
+    np.testing.assert_array_equal(allowed[: A.DO_NOTHING], masked[0, : A.DO_NOTHING])

@@ -5,9 +5,10 @@ The maps: a free 10x10 square (the rest obstacles) with one tile to dig outside 
 square. Every fourth tile position is held out for evaluation, the others are trained on. The
 agent spawns anywhere in the square and must find the tile, dig, turn and dump.
 
-Measured (docs/RESULTS.md): 0 at update 0, 10/13 held-out maps from update 60 on; the three
-failures drive into a wall and back (the policy searches by a fixed pattern rather than
-steering towards the tile), which is why the bound is 0.6 and not the 0.9 the issue asks.
+Measured (docs/RESULTS.md), with the compass and entropy coefficient 0.03: 0 at update 0,
+10/13 held-out maps from update 30 on. The bound is 0.6, not the 0.9 the issue asks: across
+seeds and settings (docs/RESULTS.md) this tiny run ends anywhere between 0/13 and 12/13, so a
+higher bound would test the seed, not the trainer.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def test_training_raises_held_out_completion_from_zero():
             map_size=16, map_types=("tiny_trenches",), use_action_mask=True, max_steps=40,
             num_maps=38, num_devices=1, num_envs_per_device=32, num_steps=16,
             update_epochs=2, num_minibatches=2, map_encoder="flat", map_feature_dim=64,
-            hidden_dim=64, precision="float32", lr=1e-3, lr_schedule="linear", gamma=0.95,
-            ent_coef_start=0.01, ent_coef_end=0.01, eval_episodes=13, eval_sampling=False,
+            hidden_dim=64, use_compass=True, precision="float32", lr=1e-3,
+            lr_schedule="linear", gamma=0.95, ent_coef_start=0.03, ent_coef_end=0.03,
+            eval_episodes=13, eval_sampling=False,
             total_timesteps=32 * 16 * 2 * UPDATES, compilation_cache_dir="", wandb_mode="disabled",
         ),
         jax.local_device_count(),

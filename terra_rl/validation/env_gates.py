@@ -69,8 +69,8 @@ def trees_equal(a, b) -> bool:
 
 def check_mask_against_effects(env: ExcavationEnv, states: EnvState) -> str:
     """The analytic mask equals the real effect of all 7 acting actions on every state
-    (DO_NOTHING: always allowed, never an effect), and the states exercise both outcomes of
-    every non-trivial action for both agent types."""
+    (DO_NOTHING: never an effect, masked everywhere or nowhere as `mask_do_nothing` says),
+    and the states exercise both outcomes of every non-trivial action for both agent types."""
     masks, effects = map(np.asarray, small.make_mask_and_effect(env)(states))
     acting = slice(0, A.DO_NOTHING)
     mismatch = np.argwhere(masks[:, acting] != effects[:, acting])
@@ -79,9 +79,11 @@ def check_mask_against_effects(env: ExcavationEnv, states: EnvState) -> str:
         f"mask disagrees with the effect at (state, action) {mismatch[:5].tolist()} "
         f"({len(mismatch)} in all)",
     )
+    wait_allowed = not env.config.mask_do_nothing
     require(
-        masks[:, A.DO_NOTHING].all() and not effects[:, A.DO_NOTHING].any(),
-        "DO_NOTHING must be allowed everywhere and change nothing",
+        (masks[:, A.DO_NOTHING] == wait_allowed).all() and not effects[:, A.DO_NOTHING].any(),
+        f"DO_NOTHING must be {'allowed' if wait_allowed else 'masked'} everywhere and change "
+        "nothing",
     )
     loaded = np.asarray(states.agent.loaded) > 0
     wheeled = np.asarray(states.agent.agent_type) == A.WHEELED

@@ -39,6 +39,7 @@ SMOKE_FIELDS = dict(
     map_types=("trenches",),
     curriculum=("tiny_trenches", "trenches"),
     map_encoder="flat",
+    use_compass=True,
     use_action_mask=True,
     max_steps=12,
     num_maps=16,
@@ -56,7 +57,7 @@ SMOKE_FIELDS = dict(
 )
 """The tiny training config of tests/test_trainer.py, the first-update gates and the
 runtime preflight's train smoke: timeouts (12 steps) inside every 8-step rollout. Its maps,
-curriculum and encoder are cpu_demo's, so CLI tests on that preset share its compiles."""
+curriculum, encoder and compass are cpu_demo's, so CLI tests on that preset share its compiles."""
 
 
 # --------------------------------------------------------------------------- env family

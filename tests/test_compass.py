@@ -1,0 +1,136 @@
+"""The compass (`terra_rl.compass`): tile counts per sector and distance in the base frame.
+
+Hand-built observations with known tiles check the bins, the layers and the counts; a map
+rotated by 90 degrees with the heading turned by 3 sectors must give the same compass (the
+features are egocentric); leading batch dims and the policy wiring are checked too. Eager
+and tiny: no shape family of its own."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from terra_rl.compass import (
+    LAYERS,
+    NUM_DISTANCE_BINS,
+    NUM_FEATURES,
+    NUM_SECTORS,
+    compass,
+    compass_bins,
+)
+from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
+from terra_rl.validation import small
+
+SIZE = 16
+
+
+def _obs(pos=(8, 8), heading=0, target=None, action=None, obstacles=None, dump=None):
+    def layer(values, fill=0):
+        out = np.full((SIZE, SIZE), fill, np.int8)
+        for (r, c), v in (values or {}).items():
+            out[r, c] = v
+        return out
+
+    return {
+        "agent_state": np.array([pos[0], pos[1], heading, 0, 0, 0], np.int32),
+        "target_map": layer(target),
+        "action_map": layer(action),
+        "obstacles": layer(obstacles),
+        "dumpability": layer(dump, fill=1),
+    }
+
+
+def _counts(obs) -> np.ndarray:
+    """[sector, distance bin, layer] tile counts (undoing the log1p)."""
+    return np.expm1(np.asarray(compass(obs))).reshape(NUM_SECTORS, NUM_DISTANCE_BINS, -1)
+
+
+@pytest.mark.parametrize(
+    ("heading", "tile", "sector"),
+    [
+        (0, (8, 12), 0),  # heading 0 points at +column: straight ahead
+        (0, (4, 8), 3),  # rows grow downwards: up is 90 degrees anticlockwise
+        (0, (8, 4), 6),  # behind
+        (0, (12, 8), 9),  # right
+        (3, (4, 8), 0),  # heading 3 points up
+        (3, (8, 12), 9),  # ... so +column is on its right
+        (6, (8, 4), 0),
+    ],
+)
+def test_sector_is_the_direction_in_the_base_frame(heading, tile, sector):
+    bins = np.asarray(compass_bins(jnp.array([8, 8, heading, 0, 0, 0]), SIZE))
+    assert divmod(int(bins[tile]), NUM_DISTANCE_BINS) == (sector, 2)  # 4 tiles: bin [3, 5)
+
+
+def test_distance_bins_grow_with_distance_and_scale_with_the_map():
+    agent = jnp.array([0, 0, 0, 0, 0, 0])
+    for size in (16, 32):
+        bins = np.asarray(compass_bins(agent, size)) % NUM_DISTANCE_BINS
+        along_row = bins[0, :]
+        assert along_row[0] == 0 and along_row[-1] == NUM_DISTANCE_BINS - 1
+        assert np.all(np.diff(along_row) >= 0)
+    small, large = (np.asarray(compass_bins(agent, s)) % NUM_DISTANCE_BINS for s in (16, 32))
+    assert small[0, 4] == large[0, 8]
+
+
+def test_counts_each_layer_in_its_bin():
+    obs = _obs(
+        target={(8, 12): -1, (8, 13): -1, (4, 8): -1, (12, 8): -1},
+        action={(4, 8): -1, (12, 12): 2},  # (4, 8) is dug already; soil lies at (12, 12)
+        obstacles={(8, 2): 1},
+        dump={(0, 0): 0},
+    )
+    counts = _counts(obs)
+    to_dig, free, soil, blocked = (LAYERS.index(n) for n in
+                                   ("to_dig", "free_dump_space", "soil", "blocked"))
+    assert counts[0, 2, to_dig] == 1 and counts[0, 3, to_dig] == 1  # 4 and 5 tiles ahead
+    assert counts[9, 2, to_dig] == 1
+    assert counts[:, :, to_dig].sum() == 3  # the dug target is not counted
+    assert counts[3, 2, blocked] == 1  # ... it blocks instead
+    assert counts[:, :, soil].sum() == 1 and counts[:, :, blocked].sum() == 3
+    # Free dump space: every tile but the four targets, the two touched tiles and (0, 0).
+    assert counts[:, :, free].sum() == SIZE * SIZE - 4 - 1 - 1
+    assert counts.dtype == np.float32 and np.all(counts >= 0)
+    assert counts.sum(axis=(0, 1))[free] + 6 == SIZE * SIZE
+
+
+def test_rotating_the_map_and_the_heading_together_leaves_the_compass_unchanged():
+    rng = np.random.default_rng(0)
+    obs = _obs(pos=(5, 9), heading=2)
+    obs["target_map"] = rng.choice(np.array([-1, 0, 1], np.int8), (SIZE, SIZE))
+    obs["action_map"] = rng.choice(np.array([-1, 0, 0, 0, 2], np.int8), (SIZE, SIZE))
+    obs["obstacles"] = (rng.random((SIZE, SIZE)) < 0.1).astype(np.int8)
+    # np.rot90 turns the map 90 degrees anticlockwise: (r, c) -> (SIZE - 1 - c, r).
+    rotated = {key: np.rot90(value) for key, value in obs.items() if value.ndim == 2}
+    r, c = obs["agent_state"][:2]
+    rotated["agent_state"] = np.array([SIZE - 1 - c, r, 2 + 3, 0, 0, 0], np.int32)
+    np.testing.assert_allclose(compass(obs), compass(rotated), rtol=1e-6)
+
+
+def test_leading_batch_dims_match_one_env_at_a_time():
+    rng = np.random.default_rng(1)
+    single = []
+    for i in range(6):
+        obs = _obs(pos=tuple(rng.integers(0, SIZE, 2)), heading=i * 2)
+        obs["target_map"] = rng.choice(np.array([-1, 0], np.int8), (SIZE, SIZE))
+        single.append(obs)
+    batched = jax.tree.map(lambda *x: np.stack(x).reshape(2, 3, *x[0].shape), *single)
+    out = np.asarray(compass(batched))
+    assert out.shape == (2, 3, NUM_FEATURES) and out.dtype == np.float32
+    for i, obs in enumerate(single):
+        np.testing.assert_array_equal(out.reshape(6, -1)[i], compass(obs))
+
+
+def test_policy_with_compass_adds_only_the_compass_mlp():
+    obs = small.varied_observations()
+    shapes = {}
+    for flag in (False, True):
+        model = ExcavationPolicy(PolicyConfig("flat", 32, 32, compass=flag), 8)
+        shapes[flag] = jax.eval_shape(model.init, jax.random.PRNGKey(0), obs)["params"]
+    assert "compass_mlp" in shapes[True]["encoder"]
+    assert "compass_mlp" not in shapes[False]["encoder"]
+    assert shapes[True]["encoder"]["compass_mlp"]["Dense_0"]["kernel"].shape[0] == NUM_FEATURES
+    extra = count_parameters(shapes[True]) - count_parameters(shapes[False])
+    assert extra == count_parameters(shapes[True]["encoder"]["compass_mlp"]) + 64 * 32
