@@ -13,6 +13,8 @@ import numpy as np
 from terra_rl import ppo
 
 GAE_GAMMA, GAE_LAMBDA = 0.9, 0.8
+# The compass of docs/MODEL.md, written out here rather than imported from terra_rl.compass.
+COMPASS_SECTORS, COMPASS_DISTANCE_BINS, COMPASS_LAYERS = 12, 5, 4
 GAE_CASES = ("no_done", "terminal", "truncation", "reset_boundary")
 
 
@@ -143,6 +145,10 @@ def expected_parameter_count(
     last_actions = M.NUM_LAST_ACTION_TOKENS * embed
     hidden = policy_config.hidden_dim
     trunk = dense(features + 2 * mlp + num_last_actions * embed, hidden) + dense(hidden, hidden)
+    if policy_config.compass:
+        # 12 sectors x 5 distance bins x 4 layers, two Dense, and their 64 trunk inputs.
+        compass_inputs = COMPASS_SECTORS * COMPASS_DISTANCE_BINS * COMPASS_LAYERS
+        trunk += dense(compass_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
     encoder = map_encoder + embeddings + agent_mlp + local_mlp + last_actions + trunk
     encoders = 2 * encoder if policy_config.separate_actor_critic_trunks else encoder
     return encoders + dense(hidden, num_actions) + dense(hidden, 1)
