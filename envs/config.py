@@ -46,7 +46,6 @@ class RewardConfig:
         if self.progress_weight < 0 or self.terminal_success < 0:
             raise ValueError("progress_weight and terminal_success must be >= 0")
 
-
     @classmethod
     def sparse(cls) -> RewardConfig:
         return cls(collision=0.0, move_while_loaded=0.0, do_no_effect=0.0, progress_weight=0.0)
