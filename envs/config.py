@@ -83,6 +83,11 @@ class EnvConfig:
     workspace_half_angle_deg: float = 30.0
     spawn_candidates: int = 8
     compute_action_mask: bool = True
+    stall_steps: int = 0
+    """With > 0, truncate an episode (a timeout, bootstrapped, never a failure of the task)
+    after this many steps without a new best of the task potential. For training: a policy
+    caught in a loop restarts on a fresh map instead of filling the batch with the loop.
+    Evaluation keeps the full `max_steps`."""
     mask_do_nothing: bool = True
     """Mask DO_NOTHING in the action mask. Nothing else in the world moves, so waiting never
     helps; a policy unsure of its next move otherwise learns to wait out the episode (56% of
@@ -96,6 +101,8 @@ class EnvConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if not 0.0 <= self.wheeled_fraction <= 1.0:
             raise ValueError(f"wheeled_fraction must be in [0, 1], got {self.wheeled_fraction}")
+        if self.stall_steps < 0:
+            raise ValueError(f"stall_steps must be >= 0, got {self.stall_steps}")
         if self.wheel_angle_limit < 0 or self.spawn_candidates < 1:
             raise ValueError("wheel_angle_limit must be >= 0 and spawn_candidates >= 1")
 

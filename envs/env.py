@@ -139,6 +139,8 @@ class ExcavationEnv:
             curriculum = CurriculumState(
                 level=zero, consecutive_successes=zero, consecutive_failures=zero
             )
+        dig_tiles_done = jnp.sum((target_map == -1) & (action_map < 0), dtype=jnp.int32)
+        misplaced_soil = jnp.where(has_dump_zones, soil_outside_zones, 0)
         return EnvState(
             agent=jax.tree.map(lambda x: jnp.asarray(x, jnp.int32), agent),
             target_map=target_map,
@@ -147,8 +149,10 @@ class ExcavationEnv:
             dumpability=jnp.asarray(dumpability, jnp.int8),
             has_dump_zones=has_dump_zones,
             dig_tiles_total=jnp.sum(target_map == -1, dtype=jnp.int32),
-            dig_tiles_done=jnp.sum((target_map == -1) & (action_map < 0), dtype=jnp.int32),
-            misplaced_soil=jnp.where(has_dump_zones, soil_outside_zones, 0),
+            dig_tiles_done=dig_tiles_done,
+            misplaced_soil=misplaced_soil,
+            best_progress=dig_tiles_done - misplaced_soil,
+            steps_since_progress=zero,
             last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
             age=jnp.asarray(age, jnp.int32),
             map_index=jnp.asarray(map_index, jnp.int32),
@@ -259,7 +263,12 @@ class ExcavationEnv:
             (dig_tiles_done >= state.dig_tiles_total) & (misplaced_soil == 0) & (new_loaded == 0)
         )
         age = state.age + 1
-        truncated = (age >= cfg.max_steps) & ~task_done
+        progress = dig_tiles_done - misplaced_soil
+        steps_since_progress = jnp.where(
+            progress > state.best_progress, 0, state.steps_since_progress + 1
+        )
+        stalled = (cfg.stall_steps > 0) & (steps_since_progress >= cfg.stall_steps)
+        truncated = ((age >= cfg.max_steps) | stalled) & ~task_done
 
         terms = rewards.step_reward_terms(
             cfg.reward,
@@ -281,6 +290,8 @@ class ExcavationEnv:
             dumpability=geo.paste(state.dumpability, new_w_dump, window),
             dig_tiles_done=dig_tiles_done,
             misplaced_soil=misplaced_soil,
+            best_progress=jnp.maximum(state.best_progress, progress),
+            steps_since_progress=steps_since_progress,
             last_actions=jnp.concatenate([action[None], state.last_actions[:-1]]),
             age=age,
             curriculum=self.update_curriculum(state.curriculum, task_done, truncated),

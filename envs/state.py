@@ -47,6 +47,8 @@ class EnvState:
     dig_tiles_total:    int32 [] number of -1 target tiles
     dig_tiles_done:     int32 [] -1 target tiles dug so far
     misplaced_soil:     int32 [] soil units outside dump zones (0 when no dump zones)
+    best_progress:      int32 [] highest (dig_tiles_done - misplaced_soil) of the episode
+    steps_since_progress: int32 [] steps since `best_progress` last rose (stall truncation)
     last_actions:       int32 [K] most recent first, `NO_ACTION` at episode start
     age:                int32 [] steps taken in this episode
     map_index:          int32 [] index of the map in the pool
@@ -61,6 +63,8 @@ class EnvState:
     dig_tiles_total: jax.Array
     dig_tiles_done: jax.Array
     misplaced_soil: jax.Array
+    best_progress: jax.Array
+    steps_since_progress: jax.Array
     last_actions: jax.Array
     age: jax.Array
     map_index: jax.Array

@@ -39,6 +39,9 @@ class TrainConfig:
     map_size: int = 64
     map_types: tuple[str, ...] = ("foundations",)
     max_steps: int = 550
+    stall_steps: int = 0
+    """Training envs only: end an episode as a timeout after this many steps without new
+    task progress (0 = never); evaluation always runs `max_steps`."""
     wheeled_fraction: float = 0.0
     """Share of wheeled excavators in each batch (0 = tracked only)."""
     reward: str = "dense"
@@ -97,6 +100,9 @@ class TrainConfig:
     use_compass: bool = False
     """Feed the policy egocentric counts of the tiles to dig, free dump space, soil and
     obstacles per direction and distance (`terra_rl.compass`)."""
+    egocentric_radius: int = 0
+    """With > 0, feed the policy the map around the agent, turned to its base heading, a square
+    of 2 * radius + 1 tiles (`terra_rl.egocentric`); 0 turns it off."""
     precision: str = "bfloat16"
     """Model compute dtype: float32, bfloat16 or float16 (parameters are float32)."""
 
@@ -212,6 +218,7 @@ PRESETS: dict[str, TrainConfig] = {
         map_feature_dim=128,
         hidden_dim=128,
         use_compass=True,
+        stall_steps=64,  # a policy caught in a loop restarts on a fresh map after 64 steps
         precision="float32",
         log_train_interval=10,
         log_eval_interval=100,
@@ -261,7 +268,7 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
     for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
                  "cache_clear_interval", "ent_coef_decay_updates", "dataset_size",
-                 "curriculum_demote_after"):
+                 "curriculum_demote_after", "egocentric_radius", "stall_steps"):
         if getattr(c, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(c, name)}")
     if c.num_devices < 1 or c.num_devices > num_local_devices:

@@ -22,9 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from terra_rl.compass import compass
+from terra_rl.egocentric import egocentric_view
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
-MAP_ENCODERS = ("atari", "resnet", "flat")
+MAP_ENCODERS = ("atari", "resnet", "flat", "none")
 EXCAVATION_OBS_KEYS = frozenset(
     {
         "agent_state",
@@ -44,6 +45,7 @@ MAX_WHEEL_ANGLE = 6
 NUM_LAST_ACTION_TOKENS = 9  # 8 actions + NO_ACTION padding
 EMBED_DIM = 16
 SMALL_MLP_DIM = 64  # agent-state and local-map MLPs
+EGOCENTRIC_MLP_DIM = 128  # first layer over the egocentric view (4 layers x S x S inputs)
 GYMNAX_HIDDEN_DIM = 64
 
 
@@ -58,6 +60,9 @@ class PolicyConfig:
     precision: str = "float32"
     compass: bool = False
     """Add the egocentric tile counts of `terra_rl.compass` (excavation only)."""
+    egocentric_radius: int = 0
+    """With > 0, add the map around the agent turned to its base heading
+    (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""
 
     def __post_init__(self) -> None:
         if self.map_encoder not in MAP_ENCODERS:
@@ -69,6 +74,8 @@ class PolicyConfig:
             )
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.egocentric_radius < 0:
+            raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
 
     @property
     def dtype(self) -> jnp.dtype:
@@ -235,11 +242,11 @@ def map_channels(obs: dict) -> jax.Array:
 class ExcavationEncoder(nn.Module):
     """All observation parts -> trunk features [B, hidden_dim].
 
-    Submodules: `map_encoder` (CNN over `map_channels`, zero-padded to 8 channels),
-    `base_heading_embed`,
-    `cabin_heading_embed`, `wheel_angle_embed` and `agent_type_embed` (inputs of
-    `agent_state_mlp`), `local_maps_mlp`, `last_actions_embed`, `compass_mlp` (with
-    `PolicyConfig.compass`), and `trunk` (2 x Dense hidden_dim + relu over the
+    Submodules: `map_encoder` (over `map_channels`, zero-padded to 8 channels; absent with
+    `map_encoder="none"`), `base_heading_embed`, `cabin_heading_embed`, `wheel_angle_embed`
+    and `agent_type_embed` (inputs of `agent_state_mlp`), `local_maps_mlp`,
+    `last_actions_embed`, `compass_mlp` (with `PolicyConfig.compass`), `egocentric_mlp` (with
+    `PolicyConfig.egocentric_radius`), and `trunk` (2 x Dense hidden_dim + relu over the
     concatenated features).
     """
 
@@ -248,10 +255,12 @@ class ExcavationEncoder(nn.Module):
     @nn.compact
     def __call__(self, obs: dict) -> jax.Array:
         cfg, dtype = self.config, self.config.dtype
-        encoder_cls = _MAP_ENCODER_CLASSES[cfg.map_encoder]
-        map_features = encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder")(
-            _pad_channels(map_channels(obs)).astype(dtype)
-        )
+        parts = []
+        if cfg.map_encoder != "none":  # "none": the policy sees the map only egocentrically
+            encoder_cls = _MAP_ENCODER_CLASSES[cfg.map_encoder]
+            parts.append(encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder")(
+                _pad_channels(map_channels(obs)).astype(dtype)
+            ))
 
         agent = obs["agent_state"]
         size = obs["target_map"].shape[-1]
@@ -286,11 +295,18 @@ class ExcavationEncoder(nn.Module):
         actions = _embed(NUM_LAST_ACTION_TOKENS, "last_actions_embed")(obs["last_actions"])
         action_features = actions.reshape(*actions.shape[:-2], -1).astype(dtype)
 
-        parts = [map_features, agent_features, local_features, action_features]
+        parts += [agent_features, local_features, action_features]
         if cfg.compass:
             parts.append(
                 _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name="compass_mlp")(
                     compass(obs).astype(dtype)
+                )
+            )
+        if cfg.egocentric_radius:
+            view = egocentric_view(obs, cfg.egocentric_radius)
+            parts.append(
+                _Mlp((EGOCENTRIC_MLP_DIM, SMALL_MLP_DIM), dtype, name="egocentric_mlp")(
+                    view.reshape(*view.shape[:-3], -1).astype(dtype)
                 )
             )
         features = jnp.concatenate(parts, axis=-1)
@@ -397,7 +413,7 @@ def uses_convolutions(policy: nn.Module) -> bool:
     """Whether the network has convolution layers (their gradients run an order of
     magnitude slower inside XLA:CPU loops, jax-ml/jax#12868)."""
     if isinstance(policy, ExcavationPolicy):
-        return policy.config.map_encoder != "flat"
+        return policy.config.map_encoder not in ("flat", "none")
     return isinstance(policy, GymnaxCNNPolicy)
 
 

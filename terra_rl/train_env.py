@@ -101,6 +101,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         reward=RewardConfig() if config.reward == "dense" else RewardConfig.sparse(),
         curriculum=curriculum,
         compute_action_mask=config.use_action_mask,
+        stall_steps=config.stall_steps if training else 0,
     )
 
 

@@ -151,6 +151,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         separate_actor_critic_trunks=config.separate_actor_critic_trunks,
         precision=config.precision,
         compass=config.use_compass,
+        egocentric_radius=config.egocentric_radius,
     )
 
 

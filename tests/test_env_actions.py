@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from envs import actions as A
+from envs.config import EnvConfig
+from envs.env import ExcavationEnv
 from envs.state import AgentState
 
 N = 32
@@ -293,3 +296,48 @@ def test_task_done_is_the_conjunction_of_its_conditions(env32, step32, case, exp
     assert terminated == expected_done and not truncated
     bonus = env32.config.reward.terminal_success
     assert term(info, "terminal_success", env32) == pytest.approx(bonus if expected_done else 0.0)
+
+
+@pytest.fixture(scope="module")
+def stalling_step():
+    """32x32 env that truncates after 4 steps without a new best of the task potential."""
+    env = ExcavationEnv(EnvConfig(map_size=N, max_steps=60, stall_steps=4))
+    return env, jax.jit(env.step_no_reset)
+
+
+def test_stall_truncates_after_steps_without_new_progress(stalling_step):
+    env, step_fn = stalling_step
+    target = blank_target()
+    target[14:19, 18:23] = -1
+    state = build(env, target=target)
+    flags = []
+    for action in (A.DO, A.CABIN_CLOCK, A.CABIN_CLOCK, A.CABIN_CLOCK, A.CABIN_CLOCK):
+        _, state, _, terminated, truncated, _ = step(step_fn, state, action)
+        flags.append((bool(terminated), bool(truncated), int(state.steps_since_progress)))
+    # The dig is progress and resets the count; the fourth idle turn reaches the limit.
+    assert flags == [(False, False, 0), (False, False, 1), (False, False, 2),
+                     (False, False, 3), (False, True, 4)]
+    assert int(state.age) == 5 < env.config.max_steps
+
+
+def test_undoing_and_redoing_progress_is_not_new_progress(stalling_step):
+    env, step_fn = stalling_step
+    target = blank_target()
+    target[2, 2] = 1  # a dump zone out of reach: soil dumped here is misplaced
+    state = build(env, target=target, loaded=2)
+    seen = []
+    for _ in range(4):  # dump (potential -2), pick up (back to 0), dump, pick up
+        _, state, reward, _, truncated, info = step(step_fn, state, A.DO)
+        seen.append((int(state.best_progress), int(state.steps_since_progress), bool(truncated)))
+    assert seen == [(0, 1, False), (0, 2, False), (0, 3, False), (0, 4, True)]
+
+
+def test_evaluation_envs_never_stall():
+    from terra_rl.config import TrainConfig
+    from terra_rl.train_env import excavation_env_config
+
+    config = TrainConfig(map_size=16, stall_steps=50)
+    assert excavation_env_config(config, training=True).stall_steps == 50
+    assert excavation_env_config(config, training=False).stall_steps == 0
+    with pytest.raises(ValueError, match="stall_steps"):
+        EnvConfig(map_size=16, stall_steps=-1)

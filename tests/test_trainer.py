@@ -196,7 +196,8 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
              "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
     for name, value in TINY.items():
         if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
-                        "curriculum", "use_action_mask", "use_compass"):  # cpu_demo's
+                        "curriculum", "use_action_mask", "use_compass",
+                        "stall_steps"):  # cpu_demo's
             flags += [f"--{name}", str(value)]
     flags += ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
     assert main(flags) == 0
@@ -232,7 +233,7 @@ def test_benchmark_train_script(tmp_path, capsys):
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     skip = ("preset", "compilation_cache_dir", "map_types", "curriculum", "use_action_mask",
-            "use_compass")
+            "use_compass", "stall_steps")
     sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
     sets += [f"num_devices={NUM_DEVICES}"]
     args = ["--config", "cpu_demo", "--updates", "1", "--json", str(tmp_path / "b.json")]

@@ -131,6 +131,8 @@ def expected_parameter_count(
         map_encoder += dense(side * side * 64, features)
     elif policy_config.map_encoder == "flat":
         map_encoder = dense(map_size * map_size * channels, features)
+    elif policy_config.map_encoder == "none":
+        map_encoder, features = 0, 0
     else:
         map_encoder, inputs, side = 0, channels, map_size
         for width in (16, 32, 32):
@@ -149,6 +151,11 @@ def expected_parameter_count(
         # 12 sectors x 5 distance bins x 4 layers, two Dense, and their 64 trunk inputs.
         compass_inputs = COMPASS_SECTORS * COMPASS_DISTANCE_BINS * COMPASS_LAYERS
         trunk += dense(compass_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
+    if policy_config.egocentric_radius:
+        # A square of 2r + 1 tiles x the compass's 4 layers, Dense 128 and 64, 64 trunk inputs.
+        view_inputs = (2 * policy_config.egocentric_radius + 1) ** 2 * COMPASS_LAYERS
+        trunk += dense(view_inputs, M.EGOCENTRIC_MLP_DIM) + dense(M.EGOCENTRIC_MLP_DIM, mlp)
+        trunk += mlp * hidden
     encoder = map_encoder + embeddings + agent_mlp + local_mlp + last_actions + trunk
     encoders = 2 * encoder if policy_config.separate_actor_critic_trunks else encoder
     return encoders + dense(hidden, num_actions) + dense(hidden, 1)
