@@ -21,13 +21,15 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train_mixed.py --config cpu_demo $(TRAIN_ARGS)
 
-# ruff, then pytest, then the validation gates (which reuse pytest's compilation cache).
+# ruff, then pytest, then the validation gates. The gates see pytest's four CPU devices
+# (tests/conftest.py), so they reuse its persistent compilation cache (the device count is
+# part of the cache key).
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: $(STAMP) lint
 	@$(PY) -m pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
-	$(GATES)
+	XLA_FLAGS="$${XLA_FLAGS:---xla_force_host_platform_device_count=4}" $(GATES)
 
 # The CPU validation gates before a launch (docs/VALIDATION.md). Extra flags:
 # make gates GATES_ARGS="--dataset-path data/maps64 --json gates.json"

@@ -41,16 +41,19 @@ def policy_batch():
     config = tiny_config()
     trainer_env = build_trainer(config).train_env
     key = jax.random.PRNGKey(3)
-    obs, state = trainer_env.reset(key, trainer_env.params)
+    # Jitted here and below: op by op, the env step and the CNN's init dispatch hundreds of
+    # small compiles (20 s more on 2 cores).
+    obs, state = jax.jit(trainer_env.reset)(key, trainer_env.params)
+    step = jax.jit(trainer_env.step)
     observations = [obs]
     for _ in range(3):
         key, key_action, key_step = jax.random.split(key, 3)
         actions = jax.random.randint(key_action, (trainer_env.num_envs,), 0, 8)
-        obs, state, *_ = trainer_env.step(key_step, state, actions, trainer_env.params)
+        obs, state, *_ = step(key_step, state, actions, trainer_env.params)
         observations.append(obs)
     obs = jax.tree.map(lambda *xs: jnp.concatenate(xs), *observations)
     policy = make_policy(PolicyConfig(map_feature_dim=32, hidden_dim=32), 8, obs)
-    params = policy.init(jax.random.PRNGKey(0), obs)
+    params = jax.jit(policy.init)(jax.random.PRNGKey(0), obs)
     # A freshly initialised head gives logits of about 0.01; scale them to a trained
     # policy's spread so rounding errors are measured where they matter.
     head = params["params"]["policy_head"]
