@@ -324,6 +324,11 @@ def _validate_excavation(c: TrainConfig) -> None:
         raise ConfigError(f"--map_types must be a comma list of {MAP_TYPES}, got {c.map_types}")
     if not 0.0 <= c.wheeled_fraction <= 1.0:
         raise ConfigError(f"--wheeled_fraction must be in [0, 1], got {c.wheeled_fraction}")
+    if c.map_encoder == "none" and not (c.use_compass or c.egocentric_radius):
+        raise ConfigError(
+            "--map_encoder none leaves the policy blind to the map; add --enable_compass or "
+            "--egocentric_radius R"
+        )
     unknown = [t for t in c.curriculum if t not in MAP_TYPES]
     if unknown:
         raise ConfigError(f"--curriculum must be a comma list of {MAP_TYPES}, got {c.curriculum}")

@@ -76,6 +76,11 @@ class PolicyConfig:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.egocentric_radius < 0:
             raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
+        if self.map_encoder == "none" and not (self.compass or self.egocentric_radius):
+            raise ValueError(
+                "map_encoder 'none' leaves the policy blind to the map; add the compass or an "
+                "egocentric_radius > 0"
+            )
 
     @property
     def dtype(self) -> jnp.dtype:

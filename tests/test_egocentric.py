@@ -8,11 +8,14 @@ too. Eager and tiny: no shape family of its own."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from terra_rl.compass import LAYERS
+from terra_rl.config import ConfigError, TrainConfig, validate
 from terra_rl.egocentric import egocentric_view, view_offsets
 from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
 from terra_rl.validation import small
@@ -136,6 +139,14 @@ def test_policy_with_the_view_adds_only_the_egocentric_mlp():
     assert extra == count_parameters(mlp) + 64 * 32
 
 
-def test_negative_radius_is_rejected():
+def test_negative_radius_and_a_policy_blind_to_the_map_are_rejected():
     with pytest.raises(ValueError, match="egocentric_radius"):
         PolicyConfig("flat", 32, 32, egocentric_radius=-1)
+    with pytest.raises(ValueError, match="blind to the map"):
+        PolicyConfig("none", 32, 32)
+    PolicyConfig("none", 32, 32, compass=True)
+    PolicyConfig("none", 32, 32, egocentric_radius=2)
+    blind = TrainConfig(map_size=16, map_encoder="none", num_devices=1)
+    with pytest.raises(ConfigError, match="--map_encoder none leaves the policy blind"):
+        validate(blind, 1)
+    validate(dataclasses.replace(blind, egocentric_radius=3), 1)
