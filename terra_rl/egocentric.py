@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.geometry import NUM_HEADINGS
 from terra_rl.compass import LAYERS, compass_layers
 
-NUM_HEADINGS = 12
 BLOCKED_LAYER = LAYERS.index("blocked")
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hand_built_obs import SIZE, hand_built_obs
 
 from terra_rl.compass import (
     LAYERS,
@@ -22,24 +23,6 @@ from terra_rl.compass import (
 )
 from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
 from terra_rl.validation import small
-
-SIZE = 16
-
-
-def _obs(pos=(8, 8), heading=0, target=None, action=None, obstacles=None, dump=None):
-    def layer(values, fill=0):
-        out = np.full((SIZE, SIZE), fill, np.int8)
-        for (r, c), v in (values or {}).items():
-            out[r, c] = v
-        return out
-
-    return {
-        "agent_state": np.array([pos[0], pos[1], heading, 0, 0, 0], np.int32),
-        "target_map": layer(target),
-        "action_map": layer(action),
-        "obstacles": layer(obstacles),
-        "dumpability": layer(dump, fill=1),
-    }
 
 
 def _counts(obs) -> np.ndarray:
@@ -76,7 +59,7 @@ def test_distance_bins_grow_with_distance_and_scale_with_the_map():
 
 
 def test_counts_each_layer_in_its_bin():
-    obs = _obs(
+    obs = hand_built_obs(
         target={(8, 12): -1, (8, 13): -1, (4, 8): -1, (12, 8): -1},
         action={(4, 8): -1, (12, 12): 2},  # (4, 8) is dug already; soil lies at (12, 12)
         obstacles={(8, 2): 1},
@@ -98,7 +81,7 @@ def test_counts_each_layer_in_its_bin():
 
 def test_rotating_the_map_and_the_heading_together_leaves_the_compass_unchanged():
     rng = np.random.default_rng(0)
-    obs = _obs(pos=(5, 9), heading=2)
+    obs = hand_built_obs(pos=(5, 9), heading=2)
     obs["target_map"] = rng.choice(np.array([-1, 0, 1], np.int8), (SIZE, SIZE))
     obs["action_map"] = rng.choice(np.array([-1, 0, 0, 0, 2], np.int8), (SIZE, SIZE))
     obs["obstacles"] = (rng.random((SIZE, SIZE)) < 0.1).astype(np.int8)
@@ -113,7 +96,7 @@ def test_leading_batch_dims_match_one_env_at_a_time():
     rng = np.random.default_rng(1)
     single = []
     for i in range(6):
-        obs = _obs(pos=tuple(rng.integers(0, SIZE, 2)), heading=i * 2)
+        obs = hand_built_obs(pos=tuple(rng.integers(0, SIZE, 2)), heading=i * 2)
         obs["target_map"] = rng.choice(np.array([-1, 0], np.int8), (SIZE, SIZE))
         single.append(obs)
     batched = jax.tree.map(lambda *x: np.stack(x).reshape(2, 3, *x[0].shape), *single)

@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from hand_built_obs import SIZE, hand_built_obs
 
 from terra_rl.compass import LAYERS
 from terra_rl.config import ConfigError, TrainConfig, validate
@@ -21,25 +22,8 @@ from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
 from terra_rl.validation import small
 from terra_rl.validation.references import expected_parameter_count
 
-SIZE = 16
 RADIUS = 3
 TO_DIG, FREE_DUMP, SOIL, BLOCKED = (LAYERS.index(name) for name in LAYERS)
-
-
-def _obs(pos=(8, 8), heading=0, target=None, action=None, obstacles=None):
-    def layer(values, fill=0):
-        out = np.full((SIZE, SIZE), fill, np.int8)
-        for (r, c), v in (values or {}).items():
-            out[r, c] = v
-        return out
-
-    return {
-        "agent_state": np.array([pos[0], pos[1], heading, 0, 0, 0], np.int32),
-        "target_map": layer(target),
-        "action_map": layer(action),
-        "obstacles": layer(obstacles),
-        "dumpability": layer(None, fill=1),
-    }
 
 
 def test_offsets_centre_on_the_agent_and_step_one_tile_on_the_axes():
@@ -70,14 +54,15 @@ def test_offsets_centre_on_the_agent_and_step_one_tile_on_the_axes():
     ],
 )
 def test_a_tile_lands_ahead_left_right_or_behind_by_heading(heading, tile, cell):
-    view = np.asarray(egocentric_view(_obs(heading=heading, target={tile: -1}), RADIUS))
+    view = np.asarray(egocentric_view(hand_built_obs(heading=heading, target={tile: -1}), RADIUS))
     expected = np.zeros(view.shape[:2], np.float32)
     expected[cell] = 1.0
     np.testing.assert_array_equal(view[..., TO_DIG], expected)
 
 
 def test_layers_and_tiles_off_the_map_read_as_blocked():
-    obs = _obs(pos=(1, 8), heading=3, action={(1, 9): 2, (1, 7): -1}, obstacles={(2, 8): 1})
+    obs = hand_built_obs(pos=(1, 8), heading=3, action={(1, 9): 2, (1, 7): -1},
+                         obstacles={(2, 8): 1})
     view = np.asarray(egocentric_view(obs, RADIUS))
     assert view.shape == (2 * RADIUS + 1, 2 * RADIUS + 1, len(LAYERS))
     assert view.dtype == np.float32
@@ -93,7 +78,7 @@ def test_layers_and_tiles_off_the_map_read_as_blocked():
 def test_turning_the_map_and_the_heading_together_leaves_the_view_unchanged():
     rng = np.random.default_rng(0)
     for heading in range(12):
-        obs = _obs(pos=(5, 9), heading=heading)
+        obs = hand_built_obs(pos=(5, 9), heading=heading)
         obs["target_map"] = rng.choice(np.array([-1, 0, 1], np.int8), (SIZE, SIZE))
         obs["action_map"] = rng.choice(np.array([-1, 0, 0, 0, 2], np.int8), (SIZE, SIZE))
         obs["obstacles"] = (rng.random((SIZE, SIZE)) < 0.1).astype(np.int8)
@@ -110,7 +95,7 @@ def test_leading_batch_dims_match_one_env_at_a_time():
     rng = np.random.default_rng(1)
     single = []
     for i in range(6):
-        obs = _obs(pos=tuple(rng.integers(0, SIZE, 2)), heading=i * 2 + 1)
+        obs = hand_built_obs(pos=tuple(rng.integers(0, SIZE, 2)), heading=i * 2 + 1)
         obs["target_map"] = rng.choice(np.array([-1, 0], np.int8), (SIZE, SIZE))
         single.append(obs)
     batched = jax.tree.map(lambda *x: np.stack(x).reshape(2, 3, *x[0].shape), *single)
