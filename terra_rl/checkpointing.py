@@ -117,6 +117,17 @@ def _to_host(state: Any) -> Any:
     return jax.device_get(state)
 
 
+def _json_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    # tolist() turns numpy and jax scalars into the python numbers JSON needs.
+    return {str(k): np.asarray(v).tolist() for k, v in (metrics or {}).items()}
+
+
+def _save_args(state: Any, config: Mapping[str, Any]) -> ocp.args.Composite:
+    return ocp.args.Composite(
+        state=ocp.args.StandardSave(_to_host(state)), config=ocp.args.JsonSave(dict(config))
+    )
+
+
 def _finite_number(value: Any) -> bool:
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
     return is_number and math.isfinite(value)
@@ -227,11 +238,8 @@ class CheckpointStore:
                 f"cannot save step {step}: {self.directory} already holds step {latest}; "
                 "save increasing steps, or use a fresh run directory"
             )
-        # tolist() turns numpy and jax scalars into the python numbers JSON needs.
-        metrics = {str(k): np.asarray(v).tolist() for k, v in (metrics or {}).items()}
-        args = ocp.args.Composite(
-            state=ocp.args.StandardSave(_to_host(state)), config=ocp.args.JsonSave(dict(config))
-        )
+        metrics = _json_metrics(metrics)
+        args = _save_args(state, config)
         self._latest.save(step, args=args, custom_metadata={"metrics": metrics}, force=True)
         value = metrics.get(self.best_metric)
         if best is None:
@@ -240,6 +248,24 @@ class CheckpointStore:
             self._best.save(step, args=args, custom_metadata={"metrics": metrics}, force=True)
             self._best_value = value if _finite_number(value) else None
         return bool(best)
+
+    def save_best(
+        self,
+        step: int,
+        state: Any,
+        config: Mapping[str, Any],
+        metrics: Mapping[str, Any],
+    ) -> None:
+        """Writes `step` as the new best checkpoint only (an eval between periodic checkpoints
+        that beat the best): the last-K steps are untouched. `step` must exceed the best
+        step so far."""
+        if self.read_only:
+            raise CheckpointError(f"cannot save step {step}: {self.directory} is open read-only")
+        metrics = _json_metrics(metrics)
+        self._best.save(int(step), args=_save_args(state, config),
+                        custom_metadata={"metrics": metrics}, force=True)
+        value = metrics.get(self.best_metric)
+        self._best_value = value if _finite_number(value) else None
 
     def _beats_best(self, value: Any) -> bool:
         if not _finite_number(value):

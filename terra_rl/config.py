@@ -22,6 +22,9 @@ from terra_rl.precision import PRECISIONS
 REWARD_KINDS = ("dense", "sparse")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 WANDB_MODES = ("", "online", "offline", "disabled")
+# Eval metrics the best checkpoint can follow (each also as eval_sampled/...).
+BEST_METRICS = ("completion_rate", "first_episode_return", "positive_terminations", "rewards")
+GYMNAX_BEST_METRICS = ("first_episode_return", "rewards")
 DEFAULT_COMPILATION_CACHE_DIR = str(Path("~/.cache/terra_rl/xla-cache"))
 
 
@@ -110,13 +113,17 @@ class TrainConfig:
     log_train_interval: int = 1
     log_eval_interval: int = 100
     """Evaluate every N updates (and at the end); 0 = only at the end."""
-    eval_episodes: int = 100
+    eval_episodes: int = 128
+    """Held-out eval episodes, split over the devices (128 splits over 1, 2, 4 or 8)."""
     eval_sampling: bool = True
     """Also evaluate the sampled policy (logged as eval_sampled/...); the greedy policy is
     always evaluated (eval/...)."""
     checkpoint_interval: int = 100
     """Checkpoint every N updates (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 3
+    best_metric: str = ""
+    """Eval metric (higher is better) whose improvement saves the best checkpoint, at any
+    eval; empty = eval/completion_rate, or eval/first_episode_return for gymnax envs."""
     cache_clear_interval: int = 0
     """Call jax.clear_caches() after every N completed updates; 0 = never."""
     compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
@@ -251,6 +258,9 @@ def resolve(config: TrainConfig, num_local_devices: int) -> TrainConfig:
         updates["dataset_size"] = env_size
     if config.compilation_cache_dir:
         updates["compilation_cache_dir"] = os.path.expanduser(config.compilation_cache_dir)
+    if not config.best_metric:
+        gymnax = config.env.startswith("gymnax:")
+        updates["best_metric"] = "eval/first_episode_return" if gymnax else "eval/completion_rate"
     resolved = dataclasses.replace(config, **updates)
     validate(resolved, num_local_devices)
     return resolved
@@ -286,6 +296,12 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
             f"--eval_episodes {c.eval_episodes} does not split over {c.num_devices} devices; "
             "use a multiple of --num_devices"
         )
+    if c.total_timesteps < c.env_steps_per_update:
+        raise ConfigError(
+            f"--total_timesteps {c.total_timesteps} is less than one update "
+            f"({c.num_steps} steps x {c.num_envs} envs = {c.env_steps_per_update}); raise it, or "
+            "use --max_updates N for a short run"
+        )
     if not (0.0 < c.gamma <= 1.0 and 0.0 <= c.gae_lambda <= 1.0):
         raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
     if c.lr <= 0 or c.clip_eps <= 0 or c.max_grad_norm <= 0 or c.vf_coef < 0:
@@ -303,6 +319,10 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         if getattr(c, name) not in allowed:
             shown = [a for a in allowed if a]
             raise ConfigError(f"--{name} must be one of {shown}, got {getattr(c, name)!r}")
+    allowed = GYMNAX_BEST_METRICS if c.is_gymnax else BEST_METRICS
+    names = [f"{prefix}/{name}" for prefix in ("eval", "eval_sampled") for name in allowed]
+    if c.best_metric and c.best_metric not in names:  # empty: the default, set by resolve
+        raise ConfigError(f"--best_metric must be one of {names}, got {c.best_metric!r}")
     if c.env != "excavation" and not c.is_gymnax:
         raise ConfigError(f"--env must be 'excavation' or 'gymnax:<id>', got {c.env!r}")
     if c.env == "excavation":

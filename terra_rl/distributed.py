@@ -238,3 +238,11 @@ def first_error(message: str) -> str:
     if message:
         return message
     return next((f"process {i}: {text}" for i, text in enumerate(errors) if text), "")
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when `flag` is true on any (a stop request that reached one
+    process first). Every process must call it; identity in one process."""
+    if jax.process_count() == 1:
+        return flag
+    return any(text == "1" for text in _gather_text("1" if flag else "0"))

@@ -3,8 +3,9 @@ booleans as `--enable_x` / `--disable_x` (`use_action_mask` -> `--enable_action_
 tuples as comma lists, and `--resume RUN_DIR`.
 
 Launch options that are not config fields (they never reach `config.json`, so a resumed run may
-be launched differently): `--distributed` with `--coordinator_address HOST:PORT`,
-`--num_processes N` and `--process_id I` (see `terra_rl.distributed`).
+be launched differently): `--max_updates N`, and `--distributed` with
+`--coordinator_address HOST:PORT`, `--num_processes N` and `--process_id I` (see
+`terra_rl.distributed`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ RESUMABLE_FIELDS = frozenset(
         "log_eval_interval",
         "checkpoint_interval",
         "keep_checkpoints",
+        "best_metric",
         "cache_clear_interval",
         "compilation_cache_dir",
         "wandb_mode",
@@ -47,6 +49,8 @@ class TrainArgs:
     overrides: dict[str, typing.Any]
     distributed: DistributedOptions = DistributedOptions()
     """Multi-process launch options (not part of the config)."""
+    max_updates: int | None = None
+    """Stop (checkpointed, exit 0) once the run has done this many updates in all."""
 
 
 @functools.cache
@@ -119,6 +123,11 @@ def build_parser(base: TrainConfig) -> OneLineErrorParser:
 
 
 def add_launch_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max_updates", metavar="N", type=int, default=None,
+        help="stop once the run has done N updates in all, with a checkpoint (a smoke test "
+        "or a staged run; --resume continues it); not saved in config.json",
+    )
     group = parser.add_argument_group(
         "multi-process launch", "launch options, not config fields (never in config.json)"
     )
@@ -170,7 +179,7 @@ def _comma_tuple(text: str) -> tuple[str, ...]:
 
 def parse_train_args(argv: list[str]) -> TrainArgs:
     """Parse `argv` (without the program name). Errors exit with code 2 and one line."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default="solo_excavator")
     known, _ = pre.parse_known_args(argv)
     base = get_preset(known.config) if known.config in PRESETS else get_preset("solo_excavator")
@@ -178,6 +187,9 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
     args = vars(parser.parse_args(argv))
     preset_name = args.pop("config")
     resume = args.pop("resume")
+    max_updates = args.pop("max_updates")
+    if max_updates is not None and max_updates < 1:
+        parser.error(f"--max_updates must be >= 1, got {max_updates}")
     launch = distributed_options(args, parser)
     overrides = args
     if resume is not None:
@@ -189,6 +201,8 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
                 f"--resume keeps the run's config; these flags cannot change: "
                 f"{', '.join('--' + name for name in fixed)}"
             )
-        return TrainArgs(config=base, resume=resume, overrides=overrides, distributed=launch)
+        return TrainArgs(config=base, resume=resume, overrides=overrides, distributed=launch,
+                         max_updates=max_updates)
     config = dataclasses.replace(get_preset(preset_name), **overrides)
-    return TrainArgs(config=config, resume=None, overrides=overrides, distributed=launch)
+    return TrainArgs(config=config, resume=None, overrides=overrides, distributed=launch,
+                     max_updates=max_updates)

@@ -79,7 +79,8 @@ class MetricsWriter:
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl file. A torn last line (a crash mid-write) is skipped.
-    After a resume, updates between the last checkpoint and the crash appear twice."""
+    A resume truncates the file to its checkpoint first (`truncate_metrics`), so no update
+    appears twice."""
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
@@ -92,6 +93,34 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
                 break
             raise ValueError(f"{path}:{number} is not valid JSON") from None
     return records
+
+
+def truncate_metrics(path: str | os.PathLike, last_update: int) -> int:
+    """Drops the records of updates after `last_update` (the checkpoint a resume starts
+    from) and a torn last line, rewriting the file atomically. Returns how many records were
+    dropped; a missing file is left missing."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue  # torn by a crash mid-write
+            raise ValueError(f"{path}:{number} is not valid JSON") from None
+        if record.get("update", 0) <= last_update:
+            kept.append(line)
+    dropped = sum(1 for line in lines if line.strip()) - len(kept)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
 
 
 def resolve_wandb_mode(mode: str | None) -> str:

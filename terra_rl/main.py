@@ -1,7 +1,13 @@
 """`train_mixed.py`: parse flags, set up the run directory, logging and checkpoints, train.
 
-Bad input (flags, dataset, run directory, checkpoint) exits with code 2 and one line on
-stderr, before anything is compiled.
+Exit codes (docs/OPERATIONS.md):
+
+    0   done: the run reached its total (or `--max_updates`)
+    2   bad input (flags, dataset, run directory, checkpoint): one line on stderr, before
+        anything is compiled or written
+    3   `--resume` of a run that has nothing left to do (its checkpoint is at its total)
+    75  stopped by SIGTERM or SIGUSR1: the update in flight was finished and checkpointed,
+        metrics and W&B flushed; `--resume RUN_DIR` continues it (the sbatch scripts requeue)
 
 With `--distributed`, `jax.distributed.initialize()` runs first, before any other JAX work.
 Every process then resolves the same config against the global device count; process 0 picks
@@ -13,6 +19,7 @@ waiting in a collective for a process that has already exited.
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
@@ -23,23 +30,61 @@ from terra_rl import distributed
 from terra_rl.checkpointing import CheckpointError, CheckpointStore
 from terra_rl.config import ConfigError, config_from_dict, resolve
 from terra_rl.flags import parse_train_args
-from terra_rl.logger import NullRunLogger, RunLogger, WandbLogger
+from terra_rl.logger import NullRunLogger, RunLogger, WandbLogger, truncate_metrics
 from terra_rl.run_dir import (
+    METRICS_FILE,
     RunDirError,
     append_resume_record,
+    check_writable,
+    config_changes,
     create_run_dir,
     default_run_name,
     open_run_dir,
+    write_config,
 )
 from terra_rl.trainer import build_trainer, train
 
 PROG = "train_mixed.py"
 WANDB_ID_FILE = "wandb_run_id"
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+EXIT_NOTHING_TO_DO = 3
+EXIT_STOPPED = 75  # EX_TEMPFAIL: try again later (resume)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-def fail(message: str) -> None:
+class StopRequest:
+    """Set by SIGTERM or SIGUSR1 (Slurm's preemption and `--signal`); the trainer polls it
+    after every update. Later signals are ignored: the checkpoint in progress must finish
+    (SIGKILL, after Slurm's grace period, is the hard stop)."""
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        del frame
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+            print(f"{PROG}: {self.signal_name} received: stopping after the current update, "
+                  "with a checkpoint", file=sys.stderr, flush=True)
+
+    def __call__(self) -> bool:
+        return self.signal_name is not None
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def setup_compilation_cache(directory: str) -> None:
@@ -50,7 +95,16 @@ def setup_compilation_cache(directory: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """Train; returns the exit code (bad input raises SystemExit(2))."""
+    stop = StopRequest()
+    stop.install()  # before anything slow, so an early SIGTERM is not fatal
+    try:
+        return _main(sys.argv[1:] if argv is None else argv, stop)
+    finally:
+        stop.restore()
+
+
+def _main(argv: list[str], stop: StopRequest) -> int:
     args = parse_train_args(argv)
     if args.distributed.enabled:
         try:
@@ -68,19 +122,25 @@ def main(argv: list[str] | None = None) -> int:
             config = resolve(config, jax.device_count())
         else:
             config = resolve(args.config, jax.device_count())
+            check_writable(Path(config.runs_dir))
         setup_compilation_cache(config.compilation_cache_dir)
     except setup_errors as exc:
         error = str(exc)
     stop_if_any_failed(error)
 
+    error, latest = "", 0
     try:
         if args.resume is not None:
-            with CheckpointStore(run_dir / "checkpoints", read_only=not writer) as store:
+            with CheckpointStore(run_dir / "checkpoints", read_only=True) as store:
                 latest = store.latest_step()
             if latest is None:
                 raise CheckpointError(
                     f"{run_dir} has no checkpoint to resume from; start a new run instead"
                 )
+            end = min(config.num_updates, args.max_updates or config.num_updates)
+            if latest >= end:
+                fail(f"{run_dir} is already at update {latest} of {end}: nothing to do; raise "
+                     "--total_timesteps (or --max_updates) to train further", EXIT_NOTHING_TO_DO)
         else:
             run_name = config.run_name or default_run_name(config.preset or "custom")
             config = dataclasses.replace(config, run_name=distributed.broadcast_text(run_name))
@@ -90,22 +150,31 @@ def main(argv: list[str] | None = None) -> int:
             if writer:
                 run_dir = create_run_dir(config.runs_dir, config.run_name, config.to_dict(),
                                          [PROG, *argv])
-        elif writer:
-            append_resume_record(run_dir, [PROG, *argv])
     except setup_errors as exc:
         error = str(exc)
     stop_if_any_failed(error)
 
+    if args.resume is not None and writer:
+        resume_run_dir(run_dir, saved, config, latest, [PROG, *argv])
+
     checkpoints = CheckpointStore(run_dir / "checkpoints", keep_last=config.keep_checkpoints,
-                                  read_only=not writer)
+                                  best_metric=config.best_metric, read_only=not writer)
     eval_keys = ("eval/completion_rate", "eval/first_episode_return", "eval/rewards")
     logger = make_logger(run_dir, config, eval_keys) if writer else NullRunLogger()
     with logger:
         logger.message(f"run directory: {run_dir}")
         try:
-            result = train(trainer, logger, checkpoints, resume=args.resume is not None)
+            result = train(trainer, logger, checkpoints, resume=args.resume is not None,
+                           stop_after=args.max_updates, stop_requested=stop)
         except CheckpointError as error:  # e.g. a checkpoint of an incompatible network
             fail(str(error))
+        if result.stopped:
+            logger.message(
+                f"stopped by {stop.signal_name} at update {result.updates_done} of "
+                f"{config.num_updates}; continue with: {PROG} --resume {run_dir}"
+            )
+            checkpoints.close()
+            return EXIT_STOPPED
         evals = result.last_eval_metrics
         summary = ", ".join(
             f"{name.removeprefix('eval/')} {evals[name]:.3g}"
@@ -121,7 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints.close()
     if writer:
         print(f"run directory: {run_dir.resolve()}")
-    return 0
+    return EXIT_OK
+
+
+def resume_run_dir(run_dir: Path, saved: dict, config, latest: int, argv: list[str]) -> None:
+    """Prints the flags a resume changes and persists them in config.json (the next resume
+    starts from them); cuts metrics.jsonl back to the checkpoint, so the updates a crash
+    lost are logged once, by the resumed run; records the resume in the manifest."""
+    changes = config_changes(saved, config.to_dict())
+    print(f"resuming {run_dir} from update {latest}; "
+          f"config changes: {'; '.join(changes) if changes else 'none'}")
+    if changes:
+        write_config(run_dir, config.to_dict())
+    dropped = truncate_metrics(run_dir / METRICS_FILE, latest)
+    if dropped:
+        print(f"dropped {dropped} metrics.jsonl record(s) after update {latest} (not in the "
+              "checkpoint; the resumed run logs them again)")
+    append_resume_record(run_dir, argv)
 
 
 def completion_line(evals: dict[str, float], episodes: int) -> str:

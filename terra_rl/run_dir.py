@@ -71,9 +71,10 @@ def create_run_dir(
     Returns the run directory.
     """
     run_dir = Path(runs_dir) / run_name
-    config_text = json.dumps(config, indent=2, sort_keys=True, default=_json_default) + "\n"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    config_text = _config_text(config)  # an unserializable config fails before any write
+    check_writable(Path(runs_dir))
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         # Exclusive create, so two processes racing for the same name cannot both win.
         with open(run_dir / CONFIG_FILE, "x", encoding="utf-8") as f:
             f.write(config_text)
@@ -82,9 +83,47 @@ def create_run_dir(
             f"{run_dir} already holds a run ({CONFIG_FILE} exists); choose another run name, "
             "or resume that run instead"
         ) from None
+    except OSError as error:
+        raise RunDirError(f"cannot create run directory {run_dir}: {error.strerror}; pick "
+                          "another --runs_dir") from None
     (run_dir / CHECKPOINTS_DIR).mkdir(exist_ok=True)
     _write_json_atomic(run_dir / MANIFEST_FILE, build_manifest(argv))
     return run_dir
+
+
+def check_writable(runs_dir: Path) -> None:
+    """RunDirError unless `runs_dir` (or its nearest existing parent) can be written, so a bad
+    --runs_dir stops a run before anything is compiled or created."""
+    existing = runs_dir.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(
+            f"cannot write runs directory {runs_dir} ({existing} is not a writable "
+            "directory); pick another --runs_dir"
+        )
+
+
+def write_config(run_dir: str | os.PathLike, config: dict[str, Any]) -> None:
+    """Replaces the run's config.json (atomically): a resume's changed flags persist, so the
+    next resume starts from them."""
+    path = Path(run_dir) / CONFIG_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(_config_text(config), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """'name: old -> new' for every field whose value differs (missing counts as absent)."""
+    return [
+        f"{name}: {saved.get(name, '(absent)')!r} -> {new[name]!r}"
+        for name in sorted(new)
+        if name not in saved or saved[name] != new[name]
+    ]
+
+
+def _config_text(config: dict[str, Any]) -> str:
+    return json.dumps(config, indent=2, sort_keys=True, default=_json_default) + "\n"
 
 
 def open_run_dir(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:

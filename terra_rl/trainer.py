@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -204,6 +205,18 @@ class TrainResult:
     last_train_metrics: dict[str, float]
     last_eval_metrics: dict[str, float]
     compile_seconds: float
+    stopped: bool = False
+    """A stop request (a signal) ended the run before `num_updates`; `updates_done` is
+    checkpointed (or 0 when it came before the first update)."""
+    resumed_from: int = 0
+    """The update the run started from (the checkpoint's, 0 for a fresh run)."""
+
+
+def _improves(value: Any, best: float | None) -> bool:
+    """Whether an eval `value` of the best-checkpoint metric beats `best` (higher is better;
+    NaN and missing values never do)."""
+    finite = isinstance(value, int | float) and math.isfinite(value)
+    return finite and (best is None or value > best)
 
 
 def _is_due(done_updates: int, interval: int, is_last: bool) -> bool:
@@ -217,12 +230,19 @@ def train(
     *,
     resume: bool = False,
     stop_after: int | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Run updates until `num_updates` (or `stop_after` updates in total, for tests and
     staged runs). With `resume`, continue from the latest checkpoint.
 
+    `stop_requested` is polled after every update (and once after compiling): when it turns
+    true (a SIGTERM), that update is logged and checkpointed and the run returns with
+    `stopped`. The best checkpoint (`config.best_metric`, higher is better) is saved at every
+    eval that improves it, between periodic checkpoints too.
+
     Every process of a multi-process run calls this with the same config; `logger` and
     `checkpoints` write only on process 0 (`distributed.is_writer`); all processes restore.
+    A stop request on any process stops them all after the same update.
     """
     config = trainer.config
     steps_per_update = config.env_steps_per_update
@@ -257,18 +277,31 @@ def train(
     # Processes compile at different speeds; meet before the first collective.
     distributed.barrier("compiled")
 
+    def stop_now() -> bool:
+        return distributed.any_process(bool(stop_requested and stop_requested()))
+
+    if stop_now():  # a signal during compile: nothing new to save
+        logger.message(f"stop requested before update {start + 1}; nothing to checkpoint")
+        return TrainResult(runner, start, start * steps_per_update, {}, {}, compile_seconds,
+                           stopped=True, resumed_from=start)
+
     train_metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
+    best_value = checkpoints.best_value
+    compile_logged = False
+    loop_start = time.perf_counter()
     if baseline_eval:
         # The untrained policy's eval: the baseline every later eval is compared with.
         eval_metrics = trainer.evaluate(runner, 0)
         logger.log_eval(0, 0, eval_metrics)
     last_log_time, last_log_update = time.perf_counter(), start
+    done, stopped = start, False
     for update in range(start, last_update):
         runner, device_metrics = update_fn(runner, trainer.env_params)
         done = update + 1
         env_steps = done * steps_per_update
-        is_last = done == last_update
+        stopped = done < last_update and stop_now()
+        is_last = done == last_update or stopped
         log_due = _is_due(done, config.log_train_interval, is_last)
         eval_due = _is_due(done, config.log_eval_interval, done == num_updates)
         checkpoint_due = _is_due(done, config.checkpoint_interval, is_last)
@@ -278,31 +311,47 @@ def train(
             seconds_per_update = (now - last_log_time) / (done - last_log_update)
             train_metrics["performance/seconds_per_update"] = seconds_per_update
             train_metrics["performance/steps_per_second"] = steps_per_update / seconds_per_update
-            if update == start:
+            # Everything since the compile (evals, checkpoints, logging) counted in.
+            train_metrics["performance/wall_steps_per_second"] = (
+                (done - start) * steps_per_update / (now - loop_start))
+            if not compile_logged:
                 train_metrics["performance/compile_seconds"] = compile_seconds
+                compile_logged = True
             logger.log_train(done, env_steps, train_metrics)
+        new_best = False
         if eval_due:
             eval_metrics = trainer.evaluate(runner, done)
             logger.log_eval(done, env_steps, eval_metrics)
+            new_best = _improves(eval_metrics.get(config.best_metric), best_value)
+            if new_best:
+                best_value = eval_metrics[config.best_metric]
         if log_due or eval_due:
             logger.progress(done, env_steps, train_metrics.get("performance/steps_per_second"))
-        if checkpoint_due:
+        if checkpoint_due or new_best:
             # Every process takes part in the gather; only process 0 writes.
             host_state = distributed.gather_to_host(runner, trainer.sharding)
             if distributed.is_writer():
-                best = eval_metrics if eval_due else None
-                checkpoints.save(done, host_state, config.to_dict(), best)
+                metrics = eval_metrics if eval_due else None
+                if checkpoint_due:
+                    checkpoints.save(done, host_state, config.to_dict(), metrics, best=new_best)
+                else:
+                    checkpoints.save_best(done, host_state, config.to_dict(), metrics)
             distributed.barrier("checkpoint")  # the others wait here, not in a collective
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
-        if log_due or eval_due or checkpoint_due:
+        if log_due or eval_due or checkpoint_due or new_best:
             # Restart the clock after host work, so steps/s measures training only.
             last_log_time, last_log_update = time.perf_counter(), done
+        if stopped:
+            logger.message(f"stop requested: checkpointed update {done} of {num_updates}")
+            break
     return TrainResult(
         runner=runner,
-        updates_done=last_update,
-        env_steps=last_update * steps_per_update,
+        updates_done=done,
+        env_steps=done * steps_per_update,
         last_train_metrics=train_metrics,
         last_eval_metrics=eval_metrics,
         compile_seconds=compile_seconds,
+        stopped=stopped,
+        resumed_from=start,
     )

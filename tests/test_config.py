@@ -40,7 +40,7 @@ def test_solo_excavator_preset_matches_the_baseline():
     )
     assert (c.ent_coef_start, c.ent_coef_end, c.ent_coef_decay_updates) == (0.15, 0.005, 9500)
     assert (c.log_train_interval, c.log_eval_interval, c.checkpoint_interval) == (1, 100, 100)
-    assert c.eval_episodes == 100 and c.num_devices == 0
+    assert c.eval_episodes == 128 and c.num_devices == 0
 
 
 def test_other_presets():

@@ -17,6 +17,7 @@ from terra_rl.logger import (
     WandbLogger,
     read_metrics,
     resolve_wandb_mode,
+    truncate_metrics,
 )
 
 
@@ -90,6 +91,26 @@ def test_metrics_writer_appends_across_writers_and_skips_torn_last_line(tmp_path
     with open(path, "a") as f:
         f.write('{"update": 3, "env_')  # a crash mid-write
     assert [r["a"] for r in read_metrics(path)] == [1.0, 2.0]
+
+
+def test_truncate_metrics_keeps_the_checkpointed_updates_only(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert truncate_metrics(path, 3) == 0 and not path.exists()
+    writer = MetricsWriter(path)
+    for update in (0, 1, 2, 2, 3, 4):
+        writer.write(update, 10 * update, {"a": float(update)})
+    writer.close()
+    before = path.read_bytes()
+    assert truncate_metrics(path, 4) == 0 and path.read_bytes() == before  # untouched
+    with open(path, "a") as f:
+        f.write('{"update": 5, "env_')  # a crash mid-write
+    assert truncate_metrics(path, 2) == 3  # updates 3 and 4, and the torn line
+    assert [r["update"] for r in read_metrics(path)] == [0, 1, 2, 2]
+    assert path.read_text().endswith("}\n")
+    with open(path, "a") as f:
+        f.write('{"update": 1, "env_\n{"update": 2}\n')  # a torn line that is not the last
+    with pytest.raises(ValueError, match="not valid JSON"):
+        truncate_metrics(path, 2)
 
 
 def test_metrics_writer_rejects_bad_values(tmp_path):

@@ -6,6 +6,7 @@ writes what train_mixed.py would), so the step order, exit codes and resume logi
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,8 @@ FAKE_SRUN = textwrap.dedent("""\
     exec "$@"
 """)
 # The venv's python: records each call; as train_mixed.py it creates the run directory,
-# logs update 1 in the smoke (--total_timesteps 1) and writes a checkpoint in a real run.
+# logs update 1 in the smoke (--max_updates 1) and writes a checkpoint in a real run. With
+# STUB_TRAIN_SLEEP it "trains" until TERM, then exits 75 as train_mixed.py does.
 STUB_PYTHON = textwrap.dedent("""\
     #!/usr/bin/env bash
     echo "python $*${JAX_LOCAL_DEVICE_IDS:+ [JAX_LOCAL_DEVICE_IDS=$JAX_LOCAL_DEVICE_IDS]}" \
@@ -45,13 +47,13 @@ STUB_PYTHON = textwrap.dedent("""\
     case $script in
     *check_jax_runtime.py) exit "${STUB_PREFLIGHT_RC:-0}" ;;
     *train_mixed.py)
-        runs_dir="" run_name="" resume="" total=""
+        runs_dir="" run_name="" resume="" max_updates=""
         while (($#)); do
             case $1 in
             --runs_dir) runs_dir=$2; shift ;;
             --run_name) run_name=$2; shift ;;
             --resume) resume=$2; shift ;;
-            --total_timesteps) total=$2; shift ;;
+            --max_updates) max_updates=$2; shift ;;
             esac
             shift
         done
@@ -62,12 +64,17 @@ STUB_PYTHON = textwrap.dedent("""\
             [[ -e $dir/config.json ]] && { echo "run exists" >&2; exit 2; }
             mkdir -p "$dir" && echo '{}' > "$dir/config.json"
         fi
-        if [[ $total == 1 ]]; then
+        if [[ $max_updates == 1 ]]; then
             record='{"update": 1, "env_step": 1}'
             [[ -n ${STUB_SMOKE_SILENT:-} ]] || echo "$record" >> "$dir/metrics.jsonl"
+            exit "${STUB_SMOKE_RC:-0}"
+        fi
+        if [[ -n ${STUB_TRAIN_SLEEP:-} ]]; then
+            sleep "$STUB_TRAIN_SLEEP" &
+            trap 'kill $!; exit 75' TERM
+            wait
             exit 0
         fi
-        [[ -n ${STUB_TRAIN_SLEEP:-} ]] && exec sleep "$STUB_TRAIN_SLEEP"
         mkdir -p "$dir/checkpoints/100" "$dir/checkpoints/20"
         echo wandb-abc > "$dir/wandb_run_id"
         exit "${STUB_TRAIN_RC:-0}" ;;
@@ -229,12 +236,12 @@ def test_job_runs_guard_preflight_smoke_then_training_and_resumes_after_requeue(
         in preflight
     assert f"--json {fakes['TERRA_RUNS_DIR']}/_jobs/{JOB_ID}/preflight-" in preflight
     assert "--config solo_excavator --num_envs_per_device 512" in smoke
-    assert smoke.endswith("--total_timesteps 1 --wandb_mode disabled --compilation_cache_dir "
+    assert smoke.endswith("--max_updates 1 --wandb_mode disabled --compilation_cache_dir "
                           + fakes["TERRA_COMPILATION_CACHE_DIR"])
     run_dir = f"{fakes['TERRA_RUNS_DIR']}/solo_excavator-{JOB_ID}"
     assert "--config solo_excavator --num_envs_per_device 512" in train
     assert f"--runs_dir {fakes['TERRA_RUNS_DIR']} --run_name solo_excavator-{JOB_ID}" in train
-    assert "--total_timesteps" not in train and "--resume" not in train
+    assert "--max_updates" not in train and "--resume" not in train
     assert (f"| {JOB_ID} | wandb-abc | 4x NVIDIA GeForce RTX 4090 | solo_excavator "
             f"--num_envs_per_device 512 | {run_dir} | exit 0 at end | ? | ? |") in result.stdout
 
@@ -306,7 +313,10 @@ def test_multinode_job_launches_with_srun_and_distributed(fakes):
     assert all(line.endswith("[JAX_LOCAL_DEVICE_IDS=0,1,2,3]") for line in trains)
 
 
-def test_usr1_requeues_the_job_and_stops_training(fakes):
+@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
+def test_signal_stops_training_with_exit_75_and_requeues_once(fakes, signal_name):
+    """USR1 (time limit near) requeues at once; TERM (preemption) is passed on to training,
+    whose exit 75 (checkpointed) makes the job requeue itself. Either way: one requeue."""
     env = dict(fakes, STUB_TRAIN_SLEEP="60")
     job = subprocess.Popen(["bash", str(EULER / "train_solo_excavator_4gpu.sbatch")], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
@@ -317,11 +327,54 @@ def test_usr1_requeues_the_job_and_stops_training(fakes):
             time.sleep(0.05)
         time.sleep(0.2)
         started = time.monotonic()
-        job.send_signal(signal.SIGUSR1)
+        job.send_signal(getattr(signal, signal_name))
         output, _ = job.communicate(timeout=20)
     finally:
         job.kill()
     assert job.returncode == 0, output
     assert time.monotonic() - started < 10  # did not wait for the 60 s "training"
-    assert f"scontrol requeue {JOB_ID}" in calls(env)
+    assert calls(env).count(f"scontrol requeue {JOB_ID}") == 1
+    assert "stopped on a signal with a checkpoint (exit 75)" in output
     assert "requeued during train" in output
+
+
+def test_exit_75_requeues_and_a_finished_resume_counts_as_done(fakes):
+    stopped = run_job(dict(fakes, STUB_TRAIN_RC="75"))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"scontrol requeue {JOB_ID}" in calls(fakes)
+    # The requeued job resumes a run whose checkpoint is already at its total: exit 3 is done.
+    Path(fakes["STUB_LOG"]).unlink()
+    finished = run_job(dict(fakes, STUB_TRAIN_RC="3", SLURM_RESTART_COUNT="1"))
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "was already complete at checkpoint 100" in finished.stdout
+    assert not any(call.startswith("scontrol") for call in calls(fakes))
+    failed = run_job(dict(fakes, STUB_TRAIN_RC="1", SLURM_RESTART_COUNT="2"))
+    assert failed.returncode == 1
+
+
+def sbatch_setting(text: str, name: str) -> str | None:
+    match = re.search(rf"^#SBATCH --{name}=(\S+)", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+@pytest.mark.parametrize("script", sorted(EULER.glob("*.sbatch")), ids=lambda p: p.name)
+def test_sbatch_defaults_make_a_valid_config_for_their_gpus(script):
+    """Each script's preset(s), its smoke flags and its default flags resolve on the GPU count
+    its #SBATCH lines allocate (nodes x GPUs per node)."""
+    from terra_rl.config import PRESETS, resolve
+    from terra_rl.flags import parse_train_args
+
+    text = script.read_text()
+    gpus = sbatch_setting(text, "gpus-per-node") or sbatch_setting(text, "gpus")
+    devices = int(sbatch_setting(text, "nodes") or 1) * int(gpus.rsplit(":", 1)[-1])
+    launch = re.search(r"^terra_job (\S+)", text, re.MULTILINE).group(1)
+    default = re.fullmatch(r'"?\$\{?CONFIG(?::-(\w+))?\}?"?', launch)
+    presets = [launch] if default is None else [default.group(1)] if default.group(1) \
+        else sorted(PRESETS)
+    assert devices >= 1 and presets
+    for preset in presets:
+        for extra in ([], ["--max_updates", "1", "--wandb_mode", "disabled"]):
+            args = parse_train_args(["--config", preset, *extra])
+            config = resolve(args.config, devices)
+            assert config.num_devices == (PRESETS[preset].num_devices or devices)
+            assert config.eval_envs_per_device * config.num_devices == config.eval_episodes

@@ -7,6 +7,7 @@ the session; the CLI and benchmark tests build the same shapes from the cpu_demo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -136,35 +137,75 @@ def test_evaluation_metrics(tiny_trainer):
     assert trainer.evaluate(runner, update=5) == metrics
 
 
-def run_train(trainer, run_dir, *, resume=False, stop_after=None):
+def run_train(trainer, run_dir, *, resume=False, **kwargs):
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoints = CheckpointStore(run_dir / "checkpoints")
+    checkpoints = CheckpointStore(run_dir / "checkpoints",
+                                  best_metric=trainer.config.best_metric)
     with RunLogger(run_dir, trainer.config.num_updates, progress_interval_s=0) as logger:
-        result = train(trainer, logger, checkpoints, resume=resume, stop_after=stop_after)
+        result = train(trainer, logger, checkpoints, resume=resume, **kwargs)
     checkpoints.close()
     return result
 
 
-def test_resume_equals_straight_run(tiny_trainer, tmp_path):
+def stop_after_polls(polls: int):
+    """A stop request that turns true on its `polls`-th poll (the trainer polls once after
+    compiling, then once after every update but the last)."""
+    count = iter(range(1, 1_000_000))
+    return lambda: next(count) >= polls
+
+
+def test_resume_after_stop_request_equals_straight_run(tiny_trainer, tmp_path):
     straight = run_train(tiny_trainer, tmp_path / "straight")
-    assert straight.updates_done == TINY_UPDATES
+    assert straight.updates_done == TINY_UPDATES and not straight.stopped
     assert straight.env_steps == TINY_UPDATES * tiny_trainer.config.env_steps_per_update
 
+    # A signal during update 3 (polled after it): update 3 is logged and checkpointed although
+    # the checkpoint interval is 2, and the run says it stopped.
     staged_dir = tmp_path / "staged"
-    first = run_train(tiny_trainer, staged_dir, stop_after=2)
-    assert first.updates_done == 2
+    first = run_train(tiny_trainer, staged_dir, stop_requested=stop_after_polls(4))
+    assert first.stopped and first.updates_done == 3
+    assert CheckpointStore(staged_dir / "checkpoints").latest_step() == 3
     resumed = run_train(tiny_trainer, staged_dir, resume=True)
-    assert resumed.updates_done == TINY_UPDATES
+    assert resumed.updates_done == TINY_UPDATES and resumed.resumed_from == 3
     assert leaves_equal(jax.device_get(straight.runner), jax.device_get(resumed.runner))
 
     records = read_metrics(staged_dir / "metrics.jsonl")
-    train_updates = [r["update"] for r in records if "train/actor_loss" in r]
-    assert train_updates == [1, 2, 3, 4]
-    evals = [r for r in records if "eval/rewards" in r]
-    assert [r["update"] for r in evals] == [0, 2, 4]
     train_records = [r for r in records if "train/actor_loss" in r]
-    assert train_records[0]["performance/compile_seconds"] > 0
-    assert CheckpointStore(staged_dir / "checkpoints").latest_step() == TINY_UPDATES
+    assert [r["update"] for r in train_records] == [1, 2, 3, 4]
+    assert [r["update"] for r in records if "eval/rewards" in r] == [0, 2, 4]
+    # Compile time is logged by each process (the first and the resumed), once each.
+    compiled = [r["update"] for r in train_records if "performance/compile_seconds" in r]
+    assert compiled == [1, 4]
+    for record in train_records:
+        assert math.isfinite(record["performance/wall_steps_per_second"])
+        if "performance/compile_seconds" in record:
+            # The first log of a process: both rates cover the same updates, and wall time
+            # also holds the baseline eval and logging.
+            wall_rate = record["performance/wall_steps_per_second"]
+            assert 0 < wall_rate <= record["performance/steps_per_second"]
+
+    # A stop request that came during compile: nothing trained, nothing saved.
+    early = run_train(tiny_trainer, tmp_path / "early", stop_requested=lambda: True)
+    assert early.stopped and early.updates_done == 0
+    assert CheckpointStore(tmp_path / "early" / "checkpoints").latest_step() is None
+
+
+def test_best_checkpoint_is_kept_at_any_eval_that_improves(tiny_trainer, tmp_path):
+    """Evals every update, one periodic checkpoint (the last): the best checkpoint is the
+    eval whose metric was highest (the first of equals), saved when it happened."""
+    config = dataclasses.replace(tiny_trainer.config, log_eval_interval=1, checkpoint_interval=0,
+                                 best_metric="eval_sampled/first_episode_return")
+    trainer = dataclasses.replace(tiny_trainer, config=config)  # same compiled functions
+    run_train(trainer, tmp_path)
+    evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["update"] > 0
+             and "eval/rewards" in r]
+    values = [r[config.best_metric] for r in evals]
+    best_update = evals[values.index(max(values))]["update"]
+    assert best_update < TINY_UPDATES  # kept between periodic checkpoints
+    store = CheckpointStore(tmp_path / "checkpoints", best_metric=config.best_metric)
+    assert store.all_steps() == [TINY_UPDATES]
+    assert store.best_step() == best_update and store.best_value == max(values)
+    assert store.metrics(best_update)[config.best_metric] == max(values)
 
 
 def test_gymnax_cartpole_trains():
@@ -184,7 +225,14 @@ def test_gymnax_cartpole_trains():
         runner, metrics = update_fn(runner, trainer.env_params)
     metrics = host_metrics(metrics)
     assert all(math.isfinite(metrics[k]) for k in ("train/actor_loss", "train/value_loss"))
-    assert metrics["train/reward"] == pytest.approx(1.0)
+    # CartPole pays 1 for every step, the last included: the adapter's episode returns must
+    # equal its episode lengths, and a near-random policy balances for tens of steps.
+    assert metrics["train/episodes_finished"] >= 1
+    assert metrics["train/episode_return"] == pytest.approx(metrics["train/episode_length"])
+    assert 8 <= metrics["train/episode_length"] <= 200
+    # Every finished episode (counted when it started inside the rollout) ended with a done.
+    dones = metrics["train/done_rate"] * 16 * 8
+    assert dones == pytest.approx(round(dones)) and dones >= metrics["train/episodes_finished"]
     assert not leaves_equal(params_before, jax.device_get(runner.policy.params))
     evals = trainer.evaluate(runner, update=3)
     assert "eval/positive_terminations" not in evals  # gymnax has no success notion
@@ -208,12 +256,27 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert "jax" in manifest["packages"] and manifest["argv"][0] == "train_mixed.py"
 
+    # As if a crash had come after logging update 3 but before its checkpoint, mid-write.
+    with open(run_dir / "metrics.jsonl", "a") as metrics_file:
+        metrics_file.write('{"update": 3, "env_step": 768, "train/actor_loss": 9.0}\n{"upd')
+    capsys.readouterr()
     assert main(["--resume", str(run_dir), "--total_timesteps", str(3 * 8 * 8 * 4)]) == 0
+    out = capsys.readouterr().out
+    assert "config changes: total_timesteps: 512 -> 768" in out
+    assert "dropped 2 metrics.jsonl record(s) after update 2" in out
+    assert json.loads((run_dir / "config.json").read_text())["total_timesteps"] == 768
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["update"] for r in records if "train/actor_loss" in r] == [1, 2, 3]
+    assert 9.0 not in [r["train/actor_loss"] for r in records if "train/actor_loss" in r]
     assert CheckpointStore(run_dir / "checkpoints").latest_step() == 3
     resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
     assert len(resumes) == 1
+
+    # The persisted total holds: a second resume has nothing to do, says so, exits 3.
+    with pytest.raises(SystemExit) as nothing:
+        main(["--resume", str(run_dir)])
+    assert nothing.value.code == 3
+    assert "already at update 3 of 3: nothing to do" in capsys.readouterr().err
 
     # A checkpoint of another network (here: a wider trunk in config.json) stops the resume
     # with one line and exit 2, not a traceback.

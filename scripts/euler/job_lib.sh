@@ -9,9 +9,12 @@
 #   5. the real run: resumed with --resume when its run directory has a checkpoint, else
 #      new (a directory without a checkpoint is moved aside)           (train_mixed.py's)
 #
-# USR1 (sbatch --signal=B:USR1@300) requeues the job (scontrol requeue) and stops the running
-# step; the requeued job keeps its SLURM_JOB_ID, so it finds the same run directory and
-# resumes from the latest checkpoint.
+# USR1 (sbatch --signal=B:USR1@300) requeues the job (scontrol requeue) and sends TERM to the
+# running step. TERM (preemption, scancel) is passed on to the running step. train_mixed.py
+# answers either signal by checkpointing the update in flight and exiting 75; the job then
+# requeues itself (unless USR1 already did) and ends with 0. The requeued job keeps its
+# SLURM_JOB_ID, so it finds the same run directory and resumes from the latest checkpoint.
+# A resume with nothing left to do (train_mixed.py exit 3) counts as finished.
 #
 # Parameters (environment):
 #   TERRA_REPO          repository root (the sbatch scripts default it to SLURM_SUBMIT_DIR)
@@ -52,14 +55,29 @@ terra_run() {
     return "$status"
 }
 
-terra_on_usr1() {
+# train_mixed.py's exit codes (terra_rl/main.py, docs/OPERATIONS.md).
+TERRA_EXIT_NOTHING_TO_DO=3
+TERRA_EXIT_STOPPED=75
+
+terra_requeue() {
     TERRA_REQUEUED=1
-    terra_log "USR1: time limit near; requeueing job ${SLURM_JOB_ID:-?} (it resumes from" \
-        "the latest checkpoint of ${TERRA_RUN_DIR:-its run directory})"
+    terra_log "requeueing job ${SLURM_JOB_ID:-?}: $* (it resumes from the latest" \
+        "checkpoint of ${TERRA_RUN_DIR:-its run directory})"
     if ! scontrol requeue "${SLURM_JOB_ID:-}"; then
         terra_log "scontrol requeue failed; resubmit with TERRA_RUN_NAME=${TERRA_RUN_NAME:-?}" \
             "to resume"
     fi
+}
+
+terra_on_usr1() {
+    terra_requeue "USR1, time limit near"
+    if [[ -n $TERRA_CHILD_PID ]]; then
+        kill -TERM "$TERRA_CHILD_PID" 2>/dev/null || true
+    fi
+}
+
+terra_on_term() {
+    terra_log "TERM received: the running step checkpoints and stops"
     if [[ -n $TERRA_CHILD_PID ]]; then
         kill -TERM "$TERRA_CHILD_PID" 2>/dev/null || true
     fi
@@ -134,8 +152,13 @@ terra_step_smoke() {
     terra_log "step 3/4: first-update smoke, W&B disabled ($smoke_runs/$smoke_name)"
     terra_run "${TERRA_LAUNCH[@]}" "$TERRA_PYTHON" "$TERRA_REPO/train_mixed.py" \
         --config "$config" "$@" "${TERRA_RUNTIME_ARGS[@]}" --runs_dir "$smoke_runs" \
-        --run_name "$smoke_name" --total_timesteps 1 --wandb_mode disabled \
+        --run_name "$smoke_name" --max_updates 1 --wandb_mode disabled \
         --compilation_cache_dir "$TERRA_COMPILATION_CACHE_DIR" || status=$?
+    if ((status == TERRA_EXIT_STOPPED)); then
+        terra_log "first-update smoke stopped by a signal"
+        ((TERRA_REQUEUED)) || terra_requeue "stopped by a signal"
+        return 0
+    fi
     if ((status != 0)); then
         terra_log "first-update smoke failed: train_mixed.py exited $status"
         return 45
@@ -185,6 +208,15 @@ terra_step_train() {
             --run_name "$TERRA_RUN_NAME" \
             --compilation_cache_dir "$TERRA_COMPILATION_CACHE_DIR" || status=$?
     fi
+    if ((status == TERRA_EXIT_STOPPED)); then
+        terra_log "train_mixed.py stopped on a signal with a checkpoint (exit $status)"
+        ((TERRA_REQUEUED)) || terra_requeue "stopped by a signal"
+        return 0
+    fi
+    if ((status == TERRA_EXIT_NOTHING_TO_DO)) && [[ -n $step ]]; then
+        terra_log "$TERRA_RUN_DIR was already complete at checkpoint $step"
+        return 0
+    fi
     return "$status"
 }
 
@@ -205,6 +237,7 @@ terra_job() {
     local config=$1 status=0 stage
     shift
     trap terra_on_usr1 USR1
+    trap terra_on_term TERM
     TERRA_RUN_NAME=${TERRA_RUN_NAME:-$config-${SLURM_JOB_ID:-local}}
     terra_setup || exit $?
     TERRA_RUN_DIR=$TERRA_RUNS_DIR/$TERRA_RUN_NAME

@@ -8,6 +8,7 @@ import functools
 import io
 import math
 import tempfile
+import time
 from pathlib import Path
 
 import jax
@@ -33,6 +34,10 @@ class SmokeRun:
     params_after: object
     update_counter: int
     checkpoint_steps: tuple[int, ...]
+    train_seconds: float
+    """Wall time of the whole `train` call (restore, compile, update, logging, checkpoint),
+    timed outside the trainer."""
+    compile_seconds: float
 
 
 @functools.cache
@@ -51,7 +56,9 @@ def smoke_run() -> SmokeRun:
         params_before = jax.device_get(trainer.init_runner().policy.params)
         store = CheckpointStore(Path(run_dir) / "checkpoints")
         with RunLogger(run_dir, config.num_updates, stream=io.StringIO()) as logger:
+            start = time.perf_counter()
             result = train(trainer, logger, store, stop_after=1)
+            train_seconds = time.perf_counter() - start
         steps = tuple(store.all_steps())
         store.close()
         records = tuple(read_metrics(Path(run_dir) / "metrics.jsonl"))
@@ -64,6 +71,8 @@ def smoke_run() -> SmokeRun:
         params_after=jax.device_get(result.runner.policy.params),
         update_counter=int(np.asarray(result.runner.counters.update).reshape(-1)[0]),
         checkpoint_steps=steps,
+        train_seconds=train_seconds,
+        compile_seconds=result.compile_seconds,
     )
 
 
@@ -121,16 +130,23 @@ def first_update_smoke(options: GateOptions) -> str:
 
 
 def training_accounting(options: GateOptions) -> str:
-    from terra_rl.config import PRESETS, resolve
+    from terra_rl.config import PRESETS, ConfigError, resolve
 
-    checked = 0
+    checked = rejected = 0
     for name, preset in PRESETS.items():
         for devices in ACCOUNTING_DEVICES:
             for total in ACCOUNTING_TOTALS:
-                c = resolve(
-                    dataclasses.replace(preset, num_devices=devices, total_timesteps=total), devices
-                )
                 where = f"{name} on {devices} device(s), total {total}"
+                config = dataclasses.replace(preset, num_devices=devices, total_timesteps=total)
+                if total < config.env_steps_per_update:
+                    try:
+                        resolve(config, devices)
+                    except ConfigError as error:
+                        require("less than one update" in str(error), f"{where}: {error}")
+                        rejected += 1
+                        continue
+                    require(False, f"{where}: a total below one update was accepted")
+                c = resolve(config, devices)
                 require(c.num_envs == c.num_envs_per_device * devices, f"{where}: num_envs")
                 require(
                     c.env_steps_per_update == c.num_steps * c.num_envs,
@@ -170,8 +186,28 @@ def training_accounting(options: GateOptions) -> str:
         math.isclose(metrics["performance/steps_per_second"], rate, rel_tol=1e-9),
         "steps_per_second is not env_steps_per_update / seconds_per_update",
     )
+    # Against a clock outside the trainer: the update took part of the train call after its
+    # compile, so its rate is at least the call's; the wall-clock rate (host work included)
+    # is at most the update-only one.
+    outside = run.train_seconds - run.compile_seconds
+    require(
+        0 < metrics["performance/seconds_per_update"] <= outside,
+        f"seconds_per_update {metrics['performance/seconds_per_update']:.3f} is not within "
+        f"the {outside:.3f} s the train call spent after compiling",
+    )
+    require(
+        metrics["performance/compile_seconds"] == run.compile_seconds,
+        "the logged compile time is not the trainer's",
+    )
+    wall_rate = metrics["performance/wall_steps_per_second"]
+    require(
+        steps_per_update / outside <= wall_rate <= metrics["performance/steps_per_second"],
+        f"wall steps/s {wall_rate:.1f} is not between the train call's "
+        f"{steps_per_update / outside:.1f} and the update-only "
+        f"{metrics['performance/steps_per_second']:.1f}",
+    )
     return (
         f"{checked} preset x devices {ACCOUNTING_DEVICES} x total configs cover their "
-        f"totals; the smoke update (run here) logs steps/s = {steps_per_update} env steps / "
-        "seconds per update"
+        f"totals, {rejected} below one update rejected; the smoke update (run here) logs "
+        f"steps/s = {steps_per_update} env steps / seconds per update"
     )

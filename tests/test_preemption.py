@@ -1,0 +1,145 @@
+"""Real signals to real `train_mixed.py` processes (issue: runs that survive preemption).
+
+One run is stopped by SIGTERM, then killed with SIGKILL while it starts up and again while
+it trains, and resumed after each; it must end bit-identical to an uninterrupted run of the
+same seed, with every update logged exactly once in metrics.jsonl. The processes use the
+tiny config of tests/test_trainer.py (cpu_demo's maps on 4 CPU devices) and the suite's
+compilation cache, so they compile nothing the suite has not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from terra_rl.checkpointing import CheckpointStore
+from terra_rl.logger import read_metrics
+from terra_rl.main import EXIT_STOPPED, StopRequest, main
+from terra_rl.validation.small import SMOKE_FIELDS
+
+REPO = Path(__file__).resolve().parents[1]
+NUM_DEVICES = 4
+UPDATES = 8
+STEPS_PER_UPDATE = 8 * 8 * NUM_DEVICES
+CPU_DEMO_FIELDS = ("preset", "wandb_mode", "compilation_cache_dir", "map_types", "curriculum",
+                   "use_action_mask", "use_compass", "stall_steps")
+
+
+def train_flags(runs_dir: Path, run_name: str) -> list[str]:
+    flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
+             "--wandb_mode", "disabled", "--compilation_cache_dir",
+             jax.config.jax_compilation_cache_dir or ""]
+    for name, value in SMOKE_FIELDS.items():
+        if name not in CPU_DEMO_FIELDS:
+            flags += [f"--{name}", str(value)]
+    return flags + ["--num_devices", str(NUM_DEVICES), "--total_timesteps",
+                    str(UPDATES * STEPS_PER_UPDATE), "--log_train_interval", "1",
+                    "--log_eval_interval", "4", "--checkpoint_interval", "2"]
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")  # XLA_FLAGS: conftest's 4 CPU devices
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, str(REPO / "train_mixed.py"), *args],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def logged_updates(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [r["update"] for r in read_metrics(path) if "train/actor_loss" in r]
+
+
+def wait_for(condition, process: subprocess.Popen, what: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, f"process exited {process.returncode} before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def final_state(run_dir: Path) -> list[np.ndarray]:
+    step = CheckpointStore(run_dir / "checkpoints", read_only=True).latest_step()
+    assert step == UPDATES
+    tree = ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "state")
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(tree)]
+
+
+def without_timings(record: dict) -> dict:
+    return {k: v for k, v in record.items()
+            if not k.startswith("performance/") and k != "wall_time"}
+
+
+def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path, capsys):
+    assert main(train_flags(tmp_path, "straight")) == 0
+    capsys.readouterr()
+    run_dir, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
+    rng = random.Random(0)
+    resume = ["--resume", str(run_dir), "--compilation_cache_dir",
+              jax.config.jax_compilation_cache_dir or ""]
+
+    # SIGTERM while training: the update in flight is logged and checkpointed, exit 75.
+    process = start(train_flags(tmp_path, "interrupted"), log)
+    wait_for(lambda: len(logged_updates(run_dir)) >= 3, process, "update 3")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == EXIT_STOPPED, log.read_text()
+    stopped_at = logged_updates(run_dir)[-1]
+    assert 3 <= stopped_at < UPDATES
+    assert CheckpointStore(run_dir / "checkpoints", read_only=True).latest_step() == stopped_at
+    assert "SIGTERM received" in log.read_text()
+
+    # kill -9 while the resumed process imports, restores or compiles.
+    process = start(resume, log)
+    time.sleep(rng.uniform(0.5, 3.0))
+    process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL
+
+    # kill -9 while it trains (between, inside or while checkpointing updates).
+    process = start(resume, log)
+    wait_for(lambda: logged_updates(run_dir)[-1] > stopped_at, process, "a resumed update")
+    time.sleep(rng.uniform(0.0, 0.2))
+    process.kill()
+    assert process.wait(timeout=60) == -signal.SIGKILL
+
+    process = start(resume, log)
+    assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
+
+    for got, want in zip(final_state(run_dir), final_state(tmp_path / "straight"), strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    straight = read_metrics(tmp_path / "straight" / "metrics.jsonl")
+    assert logged_updates(run_dir) == list(range(1, UPDATES + 1))
+    train = [without_timings(r) for r in records if "train/actor_loss" in r]
+    assert train == [without_timings(r) for r in straight if "train/actor_loss" in r]
+    evals = [without_timings(r) for r in records if "eval/rewards" in r]
+    assert evals == [without_timings(r) for r in straight if "eval/rewards" in r]
+    resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
+    assert 2 <= len(resumes) <= 3  # the first kill may come before the resume is recorded
+
+
+def test_stop_request_catches_sigterm_and_sigusr1_and_ignores_repeats(capsys):
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        stop = StopRequest()
+        stop.install()
+        try:
+            assert not stop()
+            os.kill(os.getpid(), signum)
+            os.kill(os.getpid(), signal.SIGTERM)  # a repeat neither kills nor renames
+            assert stop() and stop.signal_name == signal.Signals(signum).name
+        finally:
+            stop.restore()
+        assert signal.getsignal(signum) is signal.SIG_DFL or callable(signal.getsignal(signum))
+        assert signal.getsignal(signum) != stop._handle
+        err = capsys.readouterr().err
+        assert err.count("received: stopping after the current update") == 1
