@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train_mixed.py --config cpu_demo $(TRAIN_ARGS)
 
-# ruff, then pytest, then the validation gates. The gates see pytest's four CPU devices
-# (tests/conftest.py), so they reuse its persistent compilation cache (the device count is
-# part of the cache key).
+# ruff, then pytest, then the validation gates. pytest runs two workers (the machine's two
+# cores; XLA compiles are mostly single-threaded), each test file on one worker so that its
+# session fixtures compile once. The gates see pytest's four CPU devices (tests/conftest.py),
+# so they reuse its persistent compilation cache (the device count is part of the cache key).
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP) lint
-	@$(PY) -m pytest; status=$$?; \
+	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 	XLA_FLAGS="$${XLA_FLAGS:---xla_force_host_platform_device_count=4}" $(GATES)

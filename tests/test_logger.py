@@ -294,3 +294,19 @@ def test_run_logger_composes_metrics_wandb_and_progress(no_wandb_account):
     assert lines[2].startswith("update 2/2") and "eval return nan success 1" in lines[2]
     assert wandb._run is None and len(_offline_run_dirs(no_wandb_account)) == 1
     assert not math.isnan(records[0]["wall_time"])
+
+
+def test_a_resumed_run_continues_its_wandb_run(no_wandb_account):
+    """train_mixed.py keeps the W&B run id in the run directory and passes it back on resume."""
+    from terra_rl.config import TrainConfig
+    from terra_rl.main import WANDB_ID_FILE, make_logger
+
+    config = TrainConfig(num_devices=1, wandb_mode="offline", run_name="resumed")
+    with make_logger(no_wandb_account, config, ()) as first:
+        first.log_train(1, 10, {"loss": 1.0})
+    run_id = (no_wandb_account / WANDB_ID_FILE).read_text()
+    with make_logger(no_wandb_account, config, ()) as resumed:
+        resumed.log_train(2, 20, {"loss": 0.5})
+    assert (no_wandb_account / WANDB_ID_FILE).read_text() == run_id
+    runs = _offline_run_dirs(no_wandb_account)
+    assert len(runs) == 2 and all(run.name.endswith(run_id) for run in runs)

@@ -105,10 +105,15 @@ def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path, cap
     process.kill()
     assert process.wait(timeout=60) == -signal.SIGKILL
 
-    # kill -9 while it trains (between, inside or while checkpointing updates).
+    # kill -9 while it trains: as soon as a checkpoint is being written (orbax's temporary
+    # directory exists), else within a second of the first resumed update.
     process = start(resume, log)
     wait_for(lambda: logged_updates(run_dir)[-1] > stopped_at, process, "a resumed update")
-    time.sleep(rng.uniform(0.0, 0.2))
+    deadline = time.monotonic() + rng.uniform(0.2, 1.0)
+    while time.monotonic() < deadline and process.poll() is None:
+        if any((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")):
+            break
+        time.sleep(0.002)
     process.kill()
     assert process.wait(timeout=60) == -signal.SIGKILL
 
