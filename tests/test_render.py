@@ -186,8 +186,9 @@ def test_play_episode_writes_one_gif_frame_per_step(tmp_path):
     assert 1 <= steps <= 15
     assert str(out) in summary
     with Image.open(out) as gif:
-        assert gif.n_frames == steps + 1
-        assert gif.size == (SIZE * 2, SIZE * 2 + 2 * 2)  # map plus two status bars
+        assert gif.n_frames == steps  # one frame per step, the state after its action
+        # map plus two status bars, under a two-line title, on a canvas the title fits
+        assert gif.size == (max(SIZE * 2, 132), SIZE * 2 + 2 * 2 + 26)
 
 
 def test_play_episode_rejects_unknown_policy(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from PIL import Image
 
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig, resolve
@@ -288,6 +289,59 @@ def test_cli_runs_and_resumes(tmp_path, capsys):
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("train_mixed.py: error: ") and "trunk" in error
+
+
+def load_script(name: str):
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys):
+    """A tiny trained run's policy plays a held-out map: one GIF frame per step, its
+    checkpoints chosen by name; a run without checkpoints or of another env is refused."""
+    flags = ["--config", "cpu_demo", "--runs_dir", str(tmp_path), "--run_name", "played",
+             "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
+    for name, value in TINY.items():
+        if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
+                        "curriculum", "use_action_mask", "use_compass", "stall_steps"):
+            flags += [f"--{name}", str(value)]
+    assert main([*flags, "--num_devices", str(NUM_DEVICES),
+                 "--total_timesteps", str(2 * 8 * 8 * 4)]) == 0
+    run_dir = tmp_path / "played"
+    play = load_script("play_episode")
+    for step, sample in (("latest", False), ("2", True)):
+        out = tmp_path / f"{step}.gif"
+        capsys.readouterr()
+        assert play.main(["--checkpoint", str(run_dir), "--checkpoint-step", step,
+                          "--map-index", "5", "--tile-pixels", "2", "--out", str(out),
+                          *(["--sample"] if sample else [])]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert lines[0].endswith(f"checkpoint of update 2, held-out map 5 of 8, "
+                                 f"{'sampled' if sample else 'greedy'}")
+        steps = int(lines[-1].split("steps=")[1].split()[0])
+        assert 1 <= steps <= TINY["max_steps"]  # the eval env's horizon, no stall limit
+        with Image.open(out) as gif:
+            assert gif.n_frames == steps
+
+    errors = {
+        "no checkpoint": (["--checkpoint", str(tmp_path / "nowhere")], "does not exist"),
+        "map index": (["--checkpoint", str(run_dir), "--map-index", "8"], "not below the run's 8"),
+        "policy too": (["--checkpoint", str(run_dir), "--policy", "eager"], "exclude each other"),
+        "step": (["--checkpoint", str(run_dir), "--checkpoint-step", "7"], "no checkpoint 7"),
+    }
+    other = tmp_path / "cartpole"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"env": "gymnax:CartPole-v1"}))
+    errors["another env"] = (["--checkpoint", str(other)], "excavation runs only")
+    for name, (args, phrase) in errors.items():
+        with pytest.raises(SystemExit) as stopped:
+            play.main([*args, "--out", str(tmp_path / "x.gif")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stopped.value.code == 2 and len(err) == 1 and phrase in err[0], (name, err)
+    assert not (tmp_path / "x.gif").exists()
 
 
 def test_benchmark_train_script(tmp_path, capsys):
