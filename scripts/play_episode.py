@@ -237,16 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     key_reset, key_step = jax.random.split(jax.random.key(args.seed))
     obs, state = reset(key_reset)
     frames = []
-    episode_return, steps, task_done = 0.0, 0, False
+    episode_return, steps, outcome = 0.0, 0, ""
     while steps < args.max_steps:
         key_step, key_action, key = jax.random.split(key_step, 3)
         action = choose(key_action, obs)
         obs, state, reward, terminated, truncated, _ = step(key, state, action, params)
         steps += 1
         episode_return += float(reward)
-        task_done = bool(terminated)
-        ended = task_done or bool(truncated) or steps == args.max_steps
-        outcome = ("task done" if task_done else "timeout") if ended else ""
+        task_done, timed_out = bool(terminated), bool(truncated)
+        ended = task_done or timed_out or steps == args.max_steps
+        outcome = ""
+        if ended:
+            outcome = "task done" if task_done else "timeout" if timed_out else "cut at --max-steps"
         progress = float(env.episode_progress(state))
         frame = render_frame_with_status(env, state, args.tile_pixels)
         frames.append(titled(frame, caption(steps, episode_return, progress, outcome)))
@@ -258,9 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     save_gif(frames, args.out, args.fps)
     progress = float(env.episode_progress(state))
     print(
-        f"steps={steps} return={episode_return:.3f} "
-        f"outcome={'task done' if task_done else 'timeout'} progress={progress:.1%} "
-        f"frames={len(frames)} out={args.out}"
+        f'steps={steps} return={episode_return:.3f} outcome="{outcome}" '
+        f"progress={progress:.1%} frames={len(frames)} out={args.out}"
     )
     return 0
 
