@@ -9,6 +9,7 @@ only add to `positive_terminations`.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
 import jax
@@ -20,7 +21,8 @@ from terra_rl.update import AXIS, policy_outputs
 SAMPLED_PREFIX = "eval_sampled/"
 
 
-def make_eval_fn(config: TrainConfig, env, policy) -> Callable:
+def make_eval_fn(config: TrainConfig, env, policy,
+                 trace_counts: collections.Counter | None = None) -> Callable:
     """pmapped `evaluate(params, keys uint32 [D, 2], env_params, sample bool [D]) -> metrics`
     (float32 scalars, identical on every device; NaN where there is nothing to report).
     `sample` picks sampled actions instead of the greedy ones; it is traced, so both share
@@ -37,6 +39,8 @@ def make_eval_fn(config: TrainConfig, env, policy) -> Callable:
       episode_return, episodes_finished   over episodes that ended within the horizon
       first_episode_return        mean return of the first episodes (finished or not)
       <ACTION>                    share of steps taking each action
+
+    Each trace adds 1 to `trace_counts["eval"]`.
     """
     num_actions = env.num_actions
     num_groups = max(len(env.group_names), 1)
@@ -96,6 +100,8 @@ def make_eval_fn(config: TrainConfig, env, policy) -> Callable:
 
         keys = jax.random.split(key_run, env.max_steps)
         (_, _, stats), _ = jax.lax.scan(step, (obs, env_state, stats), keys)
+        if trace_counts is not None:
+            trace_counts["eval"] += 1  # runs while tracing, never on the device
         return summarize(stats, group, env, num_groups)
 
     return jax.pmap(evaluate, axis_name=AXIS)

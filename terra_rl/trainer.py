@@ -12,6 +12,7 @@ devices of all processes.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -68,6 +69,9 @@ class Trainer:
     compiled_eval: Any = None
     compile_seconds: float = 0.0
     """Of the update (the eval's compile is not counted)."""
+    trace_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    """How often the update and the eval were traced ("update", "eval"): once each per
+    trainer, whatever the updates, evals, checkpoints and resumes of its runs."""
 
     @property
     def num_devices(self) -> int:
@@ -166,6 +170,7 @@ def build_trainer(config: TrainConfig) -> Trainer:
     )
     policy = make_policy(policy_config(config), train_env.num_actions, example_obs)
     optimizer = ppo.make_optimizer(config)
+    trace_counts = collections.Counter()
     trainer = Trainer(
         config=config,
         devices=devices,
@@ -173,9 +178,10 @@ def build_trainer(config: TrainConfig) -> Trainer:
         eval_env=eval_env,
         policy=policy,
         init_fn=make_init_fn(config, train_env, policy, optimizer),
-        update_fn=make_update_fn(config, train_env, policy, optimizer),
-        eval_fn=make_eval_fn(config, eval_env, policy),
+        update_fn=make_update_fn(config, train_env, policy, optimizer, trace_counts),
+        eval_fn=make_eval_fn(config, eval_env, policy, trace_counts),
         env_params=None,
+        trace_counts=trace_counts,
     )
     trainer.env_params = trainer.replicate(train_env.params)
     trainer.eval_env_params = trainer.replicate(eval_env.params)

@@ -5,6 +5,7 @@ the device axis. `make_update_fn` returns it `jax.pmap`'d with the runner state 
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 from collections.abc import Callable
@@ -151,9 +152,11 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
     return loss_and_grads
 
 
-def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
+def make_update_fn(config: TrainConfig, env, policy, optimizer,
+                   trace_counts: collections.Counter | None = None) -> Callable:
     """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
-    runner state. Metrics are float32 scalars, identical on every device."""
+    runner state. Metrics are float32 scalars, identical on every device. Each trace adds
+    1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
     num_envs = env.num_envs
     # XLA:CPU runs convolution gradients inside a while loop an order of magnitude slower
     # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with
@@ -292,6 +295,8 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             counters=counters.replace(update=counters.update + 1),
             loss_scale=loss_scale,
         )
+        if trace_counts is not None:
+            trace_counts["update"] += 1  # runs while tracing, never on the device
         return new_runner, metrics
 
     return jax.pmap(update, axis_name=AXIS, donate_argnums=(0,))

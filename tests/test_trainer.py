@@ -190,13 +190,19 @@ def test_resume_after_stop_request_equals_straight_run(tiny_trainer, tmp_path):
     assert early.stopped and early.updates_done == 0
     assert CheckpointStore(tmp_path / "early" / "checkpoints").latest_step() is None
 
+    # Three runs, a stop, a resume, evals and checkpoints: one trace of each function.
+    assert tiny_trainer.trace_counts == {"update": 1, "eval": 1}
+
 
 def test_best_checkpoint_is_kept_at_any_eval_that_improves(tiny_trainer, tmp_path):
     """Evals every update, one periodic checkpoint (the last): the best checkpoint is the
     eval whose metric was highest (the first of equals), saved when it happened."""
     config = dataclasses.replace(tiny_trainer.config, log_eval_interval=1, checkpoint_interval=0,
                                  best_metric="eval_sampled/first_episode_return")
-    trainer = dataclasses.replace(tiny_trainer, config=config)  # same compiled functions
+    runner = tiny_trainer.init_runner()
+    tiny_trainer.compile_update(runner)
+    tiny_trainer.compile_eval(runner)
+    trainer = dataclasses.replace(tiny_trainer, config=config)  # the same compiled functions
     run_train(trainer, tmp_path)
     evals = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["update"] > 0
              and "eval/rewards" in r]
