@@ -1,0 +1,179 @@
+"""Where one training update spends its time: each component timed alone at the config's
+shapes (`scripts/profile_rollout_components.py`).
+
+Components, each jitted on one device with the trainer's own functions (the full update is
+the trainer's pmapped update on `num_devices`):
+
+    env_step            `num_steps` batched env steps with random actions (no policy)
+    policy_forward      `num_steps` policy forward passes on a batch of observations
+    rollout             `num_steps` of policy forward, sampling and env step
+    gae                 GAE over the rollout's [num_steps, num_envs] arrays
+    minibatch_gradient  one minibatch's PPO loss and gradient
+    optimizer_apply     one optimizer step (optax update + apply)
+    full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches
+    host_overhead       what the host loop adds per update when it logs (metrics to host)
+
+Each section reports `seconds` (one call, median of the repeats), `calls_per_update`,
+`seconds_per_update` and `steps_per_second` = env steps per update / seconds per update, so
+sections compare on one scale: the update cannot be faster than its slowest part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from terra_rl import ppo
+from terra_rl.benchmarking import time_repeated
+from terra_rl.config import TrainConfig
+from terra_rl.trainer import Trainer, build_trainer, host_metrics
+from terra_rl.update import make_loss_and_grads, policy_outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    name: str
+    seconds: float
+    calls_per_update: int
+    env_steps_per_update: int
+
+    @property
+    def seconds_per_update(self) -> float:
+        return self.seconds * self.calls_per_update
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.env_steps_per_update / self.seconds_per_update
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": self.seconds,
+                "calls_per_update": self.calls_per_update,
+                "seconds_per_update": self.seconds_per_update,
+                "steps_per_second": self.steps_per_second}
+
+
+def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
+    """Times every component of one update of `config` (resolved); compiles each first."""
+    trainer = build_trainer(config)
+    env = trainer.train_env
+    policy = trainer.policy
+    steps, envs = config.num_steps, config.num_envs_per_device
+    per_update = config.env_steps_per_update
+    runner = trainer.init_runner()
+    params = jax.tree.map(lambda x: x[0], runner.policy.params)
+    env_params = env.params
+    obs, env_state = jax.jit(lambda key: env.reset(key, env_params))(jax.random.PRNGKey(1))
+
+    def outputs(params, obs):
+        return policy_outputs(policy, params, obs, config.use_action_mask)
+
+    @jax.jit
+    def env_only(key, state):
+        def step(state, key):
+            key_action, key_env = jax.random.split(key)
+            action = jax.random.randint(key_action, (envs,), 0, env.num_actions)
+            _, state, reward, *_ = env.step(key_env, state, action, env_params)
+            return state, reward
+        return jax.lax.scan(step, state, jax.random.split(key, steps))
+
+    @jax.jit
+    def forward_only(params, observations):
+        # A different batch each step (the rollout's), so XLA cannot hoist the forward pass.
+        def step(carry, obs):
+            logits, value = outputs(params, obs)
+            return carry + jnp.sum(value) + jnp.sum(logits[:, 0]), None
+        return jax.lax.scan(step, jnp.zeros(()), observations)[0]
+
+    @jax.jit
+    def rollout(params, key, state, obs):
+        def step(carry, key):
+            state, obs = carry
+            key_action, key_env = jax.random.split(key)
+            logits, value = outputs(params, obs)
+            action = jax.random.categorical(key_action, logits).astype(jnp.int32)
+            next_obs, state, reward, *_ = env.step(key_env, state, action, env_params)
+            return (state, next_obs), (obs, reward, value)
+        return jax.lax.scan(step, (state, obs), jax.random.split(key, steps))
+
+    _, (observations, rewards, values) = rollout(params, jax.random.PRNGKey(2), env_state, obs)
+    dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)
+
+    @jax.jit
+    def gae(rewards, values):
+        return ppo.gae_advantages(rewards, values, values, dones, config.gamma, config.gae_lambda)
+
+    loss_and_grads = jax.jit(make_loss_and_grads(config, policy))
+    minibatch = envs * steps // config.num_minibatches
+    batch_obs = jax.tree.map(lambda x: jnp.concatenate([x] * -(-minibatch // envs))[:minibatch],
+                             obs)
+    batch = {"obs": batch_obs, "action": jnp.zeros((minibatch,), jnp.int32),
+             "log_prob": jnp.full((minibatch,), -2.0), "value": jnp.zeros((minibatch,)),
+             "advantage": jnp.linspace(-1.0, 1.0, minibatch), "return": jnp.ones((minibatch,))}
+    _, grads = loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0))
+    optimizer = ppo.make_optimizer(config)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def apply(grads, opt_state, params):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    key = jax.random.PRNGKey(3)
+    minibatch_steps = config.update_epochs * config.num_minibatches
+    timed = {
+        "env_step": (lambda: env_only(key, env_state), 1),
+        "policy_forward": (lambda: forward_only(params, observations), 1),
+        "rollout": (lambda: rollout(params, key, env_state, obs), 1),
+        "gae": (lambda: gae(rewards, values), 1),
+        "minibatch_gradient": (
+            lambda: loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0)),
+            minibatch_steps),
+        "optimizer_apply": (lambda: apply(grads, opt_state, params), minibatch_steps),
+    }
+    sections = []
+    for name, (call, calls) in timed.items():
+        jax.block_until_ready(call())  # compile and warm up
+        seconds = time_repeated(call, repeats).median
+        sections.append(Section(name, seconds, calls, per_update))
+    sections += _update_sections(trainer, runner, repeats, per_update)
+    return sections
+
+
+def _update_sections(trainer: Trainer, runner, repeats: int, per_update: int) -> list[Section]:
+    """The trainer's compiled update, alone and with a host transfer of its metrics (what
+    the host loop does at every log)."""
+    update = trainer.compile_update(runner)
+    state = {"runner": runner}
+
+    def one_update():
+        state["runner"], metrics = update(state["runner"], trainer.env_params)
+        return metrics
+
+    def logged_update():
+        return host_metrics(one_update())
+
+    jax.block_until_ready(one_update())
+    full = time_repeated(one_update, repeats).median
+    logged = time_repeated(logged_update, repeats).median
+    return [Section("full_update", full, 1, per_update),
+            Section("host_overhead", max(logged - full, 1e-9), 1, per_update)]
+
+
+def format_table(sections: list[Section]) -> str:
+    env_rate = next(s.steps_per_second for s in sections if s.name == "env_step")
+    lines = [f"{'section':<20} {'s/call':>10} {'calls':>6} {'s/update':>10} "
+             f"{'env steps/s':>12} {'vs env':>7}"]
+    for s in sections:
+        lines.append(f"{s.name:<20} {s.seconds:10.5f} {s.calls_per_update:6d} "
+                     f"{s.seconds_per_update:10.5f} {s.steps_per_second:12,.0f} "
+                     f"{s.steps_per_second / env_rate:7.1%}")
+    return "\n".join(lines)
+
+
+def finite_sections(sections: list[Section]) -> bool:
+    return all(np.isfinite(s.seconds) and s.seconds > 0 for s in sections)
