@@ -309,4 +309,5 @@ def test_a_resumed_run_continues_its_wandb_run(no_wandb_account):
         resumed.log_train(2, 20, {"loss": 0.5})
     assert (no_wandb_account / WANDB_ID_FILE).read_text() == run_id
     runs = _offline_run_dirs(no_wandb_account)
-    assert len(runs) == 2 and all(run.name.endswith(run_id) for run in runs)
+    # offline-run-<time>-<id>, with "-1" appended when both start in the same second
+    assert len(runs) == 2 and all(f"-{run_id}" in run.name for run in runs)
