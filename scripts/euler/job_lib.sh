@@ -33,6 +33,7 @@
 declare -p TERRA_LAUNCH >/dev/null 2>&1 || TERRA_LAUNCH=()
 declare -p TERRA_RUNTIME_ARGS >/dev/null 2>&1 || TERRA_RUNTIME_ARGS=()
 TERRA_CHILD_PID=""
+TERRA_TRAPPED=0
 TERRA_REQUEUED=0
 TERRA_GPU_SUMMARY="unknown"
 
@@ -40,16 +41,20 @@ terra_log() {
     printf '[%s terra_job] %s\n' "$(date '+%F %T')" "$*"
 }
 
-# Run a command in the background and wait for it, so a USR1 trap fires while it runs.
+# Run a command in the background and wait for it, so a USR1 or TERM trap fires while it
+# runs. A trapped signal ends `wait` early with 128 + the signal: wait again for the
+# command's own status (bash keeps it until waited for; 127 means the first wait had it).
 terra_run() {
-    local status=0
+    local status=0 again
     "$@" &
     TERRA_CHILD_PID=$!
+    TERRA_TRAPPED=0
     wait "$TERRA_CHILD_PID" || status=$?
-    # A trapped signal ends `wait` early: keep waiting until the command itself has ended.
-    while kill -0 "$TERRA_CHILD_PID" 2>/dev/null; do
-        status=0
-        wait "$TERRA_CHILD_PID" || status=$?
+    while ((TERRA_TRAPPED)); do
+        TERRA_TRAPPED=0
+        again=0
+        wait "$TERRA_CHILD_PID" || again=$?
+        ((again == 127)) || status=$again
     done
     TERRA_CHILD_PID=""
     return "$status"
@@ -70,6 +75,7 @@ terra_requeue() {
 }
 
 terra_on_usr1() {
+    TERRA_TRAPPED=1
     terra_requeue "USR1, time limit near"
     if [[ -n $TERRA_CHILD_PID ]]; then
         kill -TERM "$TERRA_CHILD_PID" 2>/dev/null || true
@@ -77,6 +83,7 @@ terra_on_usr1() {
 }
 
 terra_on_term() {
+    TERRA_TRAPPED=1
     terra_log "TERM received: the running step checkpoints and stops"
     if [[ -n $TERRA_CHILD_PID ]]; then
         kill -TERM "$TERRA_CHILD_PID" 2>/dev/null || true
