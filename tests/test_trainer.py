@@ -246,16 +246,20 @@ def test_gymnax_cartpole_trains():
     assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
 
 
-def test_cli_runs_and_resumes(tmp_path, capsys):
-    flags = ["--config", "cpu_demo", "--runs_dir", str(tmp_path), "--run_name", "cli",
+def cli_flags(runs_dir, run_name: str) -> list[str]:
+    """train_mixed.py flags for the tiny config on cpu_demo, two updates on 4 devices."""
+    flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
              "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
     for name, value in TINY.items():
         if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
                         "curriculum", "use_action_mask", "use_compass",
                         "stall_steps"):  # cpu_demo's
             flags += [f"--{name}", str(value)]
-    flags += ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
-    assert main(flags) == 0
+    return flags + ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
+
+
+def test_cli_runs_and_resumes(tmp_path, capsys):
+    assert main(cli_flags(tmp_path, "cli")) == 0
     run_dir = tmp_path / "cli"
     assert capsys.readouterr().out.strip().splitlines()[-1] == f"run directory: {run_dir}"
     config = json.loads((run_dir / "config.json").read_text())
@@ -308,14 +312,7 @@ def load_script(name: str):
 def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys):
     """A tiny trained run's policy plays a held-out map: one GIF frame per step, its
     checkpoints chosen by name; a run without checkpoints or of another env is refused."""
-    flags = ["--config", "cpu_demo", "--runs_dir", str(tmp_path), "--run_name", "played",
-             "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
-    for name, value in TINY.items():
-        if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
-                        "curriculum", "use_action_mask", "use_compass", "stall_steps"):
-            flags += [f"--{name}", str(value)]
-    assert main([*flags, "--num_devices", str(NUM_DEVICES),
-                 "--total_timesteps", str(2 * 8 * 8 * 4)]) == 0
+    assert main(cli_flags(tmp_path, "played")) == 0
     run_dir = tmp_path / "played"
     play = load_script("play_episode")
     for step, sample in (("latest", False), ("2", True)):
@@ -351,10 +348,7 @@ def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys):
 
 
 def test_benchmark_train_script(tmp_path, capsys):
-    path = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_train.py"
-    spec = importlib.util.spec_from_file_location("benchmark_train", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("benchmark_train")
     skip = ("preset", "compilation_cache_dir", "map_types", "curriculum", "use_action_mask",
             "use_compass", "stall_steps")
     sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
