@@ -7,7 +7,7 @@ TRAIN_ARGS ?=
 GATES_ARGS ?=
 GATES := $(PY) scripts/validation/validate_gates.py --case all --jax-platforms cpu
 
-.PHONY: train test lint gates benchmark-env benchmark-train venv
+.PHONY: train test lint gates benchmark-env benchmark-train results venv
 
 venv: $(STAMP)
 
@@ -49,3 +49,10 @@ benchmark-train: $(STAMP)
 	$(PY) scripts/benchmark_train.py --config solo_excavator --set num_devices=1 \
 		--set num_envs_per_device=64 --set precision=float32 \
 		--json docs/benchmarks/train_solo_scaled.json
+
+# docs/RESULTS.md from scratch: the standard-task table (7 gymnax tasks x 3 seeds at the
+# published budgets) and the cpu_demo seeds with curves and GIFs, under results/ (hours on
+# 2 cores). make results RESULTS_ARGS=--quick checks the whole pipeline in minutes.
+RESULTS_ARGS ?=
+results: $(STAMP)
+	$(PY) scripts/run_results.py $(RESULTS_ARGS)

@@ -16,8 +16,10 @@ from typing import Any
 
 from envs.dataset import DatasetError
 from envs.params import dataset_from_environment
-from terra_rl.models import MAP_ENCODERS
+from terra_rl.models import IMAGE_ENCODERS, MAP_ENCODERS
 from terra_rl.precision import PRECISIONS
+
+CONV_IMPLS = ("auto", "lax", "patches")
 
 REWARD_KINDS = ("dense", "sparse")
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -100,6 +102,14 @@ class TrainConfig:
     map_feature_dim: int = 256
     hidden_dim: int = 256
     separate_actor_critic_trunks: bool = False
+    image_encoder: str = "cnn"
+    """Gymnax image observations (MinAtar): cnn (a conv 16 3x3 + Dense 64) or mlp (the 2 x
+    64 tanh MLP over the flattened image; faster, and it learned less on Breakout-MinAtar,
+    docs/RESULTS.md)."""
+    conv_impl: str = "auto"
+    """How convolutions run: lax (`lax.conv`), patches (image patches times the kernel
+    matrix, the same parameters), or auto: patches on CPU, where a `lax.conv` gradient
+    inside the PPO loops is slow enough that they had to be unrolled, lax elsewhere."""
     use_compass: bool = False
     """Feed the policy egocentric counts of the tiles to dig, free dump space, soil and
     obstacles per direction and distance (`terra_rl.compass`)."""
@@ -126,6 +136,11 @@ class TrainConfig:
     eval; empty = eval/completion_rate, or eval/first_episode_return for gymnax envs."""
     cache_clear_interval: int = 0
     """Call jax.clear_caches() after every N completed updates; 0 = never."""
+    updates_per_dispatch: int = 1
+    """Run up to N updates in one device call (a loop inside the compiled function); evals,
+    checkpoints and stop requests still fall on their updates and every update's metrics
+    are logged. Pays where an update is short next to the host round trip (small MLP
+    policies); a convolution network on CPU runs slower inside the loop (PERFORMANCE.md)."""
     compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
     """Persistent XLA compilation cache; empty disables it."""
     runs_dir: str = "runs"
@@ -276,6 +291,10 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     for name in positive:
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
+    if c.updates_per_dispatch < 1:
+        raise ConfigError(
+            f"--updates_per_dispatch must be >= 1, got {c.updates_per_dispatch}"
+        )
     for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
                  "cache_clear_interval", "ent_coef_decay_updates", "dataset_size",
                  "curriculum_demote_after", "egocentric_radius", "stall_steps"):
@@ -313,6 +332,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         ("map_encoder", MAP_ENCODERS),
         ("reward", REWARD_KINDS),
         ("lr_schedule", LR_SCHEDULES),
+        ("conv_impl", CONV_IMPLS),
+        ("image_encoder", IMAGE_ENCODERS),
         ("wandb_mode", WANDB_MODES),
     )
     for name, allowed in choices:

@@ -32,6 +32,7 @@ RESUMABLE_FIELDS = frozenset(
         "keep_checkpoints",
         "best_metric",
         "cache_clear_interval",
+        "updates_per_dispatch",
         "compilation_cache_dir",
         "wandb_mode",
         "wandb_project",

@@ -26,6 +26,7 @@ from terra_rl.egocentric import egocentric_view
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
 MAP_ENCODERS = ("atari", "resnet", "flat", "none")
+IMAGE_ENCODERS = ("cnn", "mlp")
 EXCAVATION_OBS_KEYS = frozenset(
     {
         "agent_state",
@@ -63,6 +64,12 @@ class PolicyConfig:
     egocentric_radius: int = 0
     """With > 0, add the map around the agent turned to its base heading
     (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""
+    conv_as_matmul: bool = False
+    """Compute convolutions as patches times a matrix (`PatchConv`, the same parameters):
+    fast inside XLA:CPU loops, so the PPO loops need not be unrolled (`uses_convolutions`)."""
+    image_encoder: str = "cnn"
+    """Gymnax image observations [H, W, C]: "cnn" (`GymnaxCNNPolicy`) or "mlp" (the
+    vector MLP over the flattened image)."""
 
     def __post_init__(self) -> None:
         if self.map_encoder not in MAP_ENCODERS:
@@ -74,6 +81,10 @@ class PolicyConfig:
             )
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.image_encoder not in IMAGE_ENCODERS:
+            raise ValueError(
+                f"image_encoder must be one of {IMAGE_ENCODERS}, got {self.image_encoder!r}"
+            )
         if self.egocentric_radius < 0:
             raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
         if self.map_encoder == "none" and not (self.compass or self.egocentric_radius):
@@ -98,17 +109,78 @@ def _dense(features: int, dtype, scale: float = np.sqrt(2), name: str | None = N
     )
 
 
-def _conv(features: int, kernel: int, stride: int, dtype) -> nn.Conv:
+def _conv(features: int, kernel: int, stride: int, dtype, *, as_matmul: bool = False,
+          name: str | None = None) -> nn.Module:
+    """A SAME-padded square convolution: `nn.Conv`, or with `as_matmul` `PatchConv` (same
+    parameters, same result to float rounding)."""
+    if as_matmul:
+        return PatchConv(features, kernel, stride, dtype, name=name)
     return nn.Conv(
         features,
         (kernel, kernel),
         strides=(stride, stride),
         padding="SAME",
-        kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+        kernel_init=CONV_KERNEL_INIT,
         bias_init=nn.initializers.zeros,
         dtype=dtype,
         param_dtype=jnp.float32,
+        name=name,
     )
+
+
+CONV_KERNEL_INIT = nn.initializers.orthogonal(np.sqrt(2))
+
+
+class PatchConv(nn.Module):
+    """`nn.Conv` (SAME padding, square kernel) computed as image patches times the kernel
+    matrix: [..., H, W, C] -> [..., ceil(H / stride), ceil(W / stride), features].
+
+    The parameters are `nn.Conv`'s (`kernel` [k, k, C, features], `bias` [features]), so a
+    checkpoint fits either. Why: on XLA:CPU a convolution's gradient inside a `lax.scan` or
+    `fori_loop` runs about 15x slower than at top level (jax-ml/jax#12868), which forced the
+    PPO loops to be unrolled; the patches' gradient is pads and adds and the product's a
+    matmul, all as fast inside a loop as outside, so the loops can stay rolled and the
+    compile no longer grows with epochs x minibatches.
+    """
+
+    features: int
+    kernel: int
+    stride: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        channels = x.shape[-1]
+        kernel = self.param("kernel", CONV_KERNEL_INIT,
+                            (self.kernel, self.kernel, channels, self.features), jnp.float32)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        batch_shape = x.shape[:-3]
+        images = x.reshape((-1,) + x.shape[-3:]).astype(self.dtype)
+        patches = image_patches(images, self.kernel, self.stride)  # [B, H', W', k * k * C]
+        matrix = kernel.reshape(-1, self.features).astype(self.dtype)
+        out = patches @ matrix + bias.astype(self.dtype)
+        return out.reshape(batch_shape + out.shape[1:])
+
+
+def image_patches(images: jax.Array, kernel: int, stride: int) -> jax.Array:
+    """[B, H, W, C] -> [B, ceil(H / stride), ceil(W / stride), kernel * kernel * C]: the
+    SAME-padded k x k patch at each output position, (row, col, channel)-major, built from
+    k * k strided slices. Its gradient is pads and adds, so it stays fast inside XLA:CPU
+    loops (`lax.conv_general_dilated_patches` is a convolution, and its gradient is not)."""
+    _, height, width, _ = images.shape
+    out_h, out_w = -(-height // stride), -(-width // stride)
+    pad_h = max((out_h - 1) * stride + kernel - height, 0)
+    pad_w = max((out_w - 1) * stride + kernel - width, 0)
+    padded = jnp.pad(images, ((0, 0), (pad_h // 2, pad_h - pad_h // 2),
+                              (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    slices = [
+        jax.lax.slice(padded, (0, row, col, 0),
+                      (padded.shape[0], row + (out_h - 1) * stride + 1,
+                       col + (out_w - 1) * stride + 1, padded.shape[3]),
+                      (1, stride, stride, 1))
+        for row in range(kernel) for col in range(kernel)
+    ]
+    return jnp.concatenate(slices, axis=-1)
 
 
 def _embed(num_embeddings: int, name: str) -> nn.Embed:
@@ -166,12 +238,15 @@ class AtariMapEncoder(nn.Module):
 
     features: int
     dtype: jnp.dtype = jnp.float32
+    conv_as_matmul: bool = False
 
     @nn.compact
     def __call__(self, maps: jax.Array) -> jax.Array:
         x = maps
-        for channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-            x = nn.relu(_conv(channels, kernel, stride, self.dtype)(x))
+        for index, (channels, kernel, stride) in enumerate(((32, 8, 4), (64, 4, 2), (64, 3, 1))):
+            conv = _conv(channels, kernel, stride, self.dtype, as_matmul=self.conv_as_matmul,
+                         name=f"Conv_{index}")
+            x = nn.relu(conv(x))
         return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(x)))
 
 
@@ -184,16 +259,23 @@ class ImpalaMapEncoder(nn.Module):
     features: int
     stage_channels: Sequence[int] = (16, 32, 32)
     dtype: jnp.dtype = jnp.float32
+    conv_as_matmul: bool = False
 
     @nn.compact
     def __call__(self, maps: jax.Array) -> jax.Array:
+        names = (f"Conv_{index}" for index in range(5 * len(self.stage_channels)))
+
+        def conv(channels):
+            return _conv(channels, 3, 1, self.dtype, as_matmul=self.conv_as_matmul,
+                         name=next(names))
+
         x = maps
         for channels in self.stage_channels:
-            x = _conv(channels, 3, 1, self.dtype)(x)
+            x = conv(channels)(x)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
             for _ in range(2):
-                residual = _conv(channels, 3, 1, self.dtype)(nn.relu(x))
-                x = x + _conv(channels, 3, 1, self.dtype)(nn.relu(residual))
+                residual = conv(channels)(nn.relu(x))
+                x = x + conv(channels)(nn.relu(residual))
         return nn.relu(_dense(self.features, self.dtype)(_flatten_spatial(nn.relu(x))))
 
 
@@ -263,7 +345,9 @@ class ExcavationEncoder(nn.Module):
         parts = []
         if cfg.map_encoder != "none":  # "none": the policy sees the map only egocentrically
             encoder_cls = _MAP_ENCODER_CLASSES[cfg.map_encoder]
-            parts.append(encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder")(
+            options = {} if cfg.map_encoder == "flat" else {"conv_as_matmul": cfg.conv_as_matmul}
+            parts.append(encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder",
+                                     **options)(
                 _pad_channels(map_channels(obs)).astype(dtype)
             ))
 
@@ -344,15 +428,20 @@ class ExcavationPolicy(nn.Module):
 
 
 class GymnaxMLPPolicy(nn.Module):
-    """Separate actor and critic tanh MLPs: obs [B, D] -> logits [B, A], value [B]."""
+    """Separate actor and critic tanh MLPs: obs [B, D] -> logits [B, A], value [B]. With
+    `flatten_image`, obs [B, H, W, C] is flattened to [B, H * W * C] first (MinAtar without
+    convolutions)."""
 
     num_actions: int
     hidden_dims: Sequence[int] = (GYMNAX_HIDDEN_DIM, GYMNAX_HIDDEN_DIM)
     precision: str = "float32"
+    flatten_image: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         dtype = compute_dtype(self.precision)
+        if self.flatten_image:
+            obs = obs.reshape(*obs.shape[:-3], -1)
         x = obs.astype(dtype)
         actor = _Mlp(self.hidden_dims, dtype, "tanh", name="actor_encoder")(x)
         critic = _Mlp(self.hidden_dims, dtype, "tanh", name="critic_encoder")(x)
@@ -366,11 +455,13 @@ class GymnaxCNNPolicy(nn.Module):
     channels: int = 16
     hidden_dim: int = GYMNAX_HIDDEN_DIM
     precision: str = "float32"
+    conv_as_matmul: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         dtype = compute_dtype(self.precision)
-        features = _SmallCnn(self.channels, self.hidden_dim, dtype, name="encoder")(
+        features = _SmallCnn(self.channels, self.hidden_dim, dtype, self.conv_as_matmul,
+                             name="encoder")(
             obs.astype(dtype)
         )
         return _heads(features, features, self.num_actions)
@@ -380,10 +471,13 @@ class _SmallCnn(nn.Module):
     channels: int
     hidden_dim: int
     dtype: jnp.dtype = jnp.float32
+    conv_as_matmul: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.relu(_conv(self.channels, 3, 1, self.dtype)(x))
+        conv = _conv(self.channels, 3, 1, self.dtype, as_matmul=self.conv_as_matmul,
+                     name="Conv_0")
+        x = nn.relu(conv(x))
         return nn.relu(_dense(self.hidden_dim, self.dtype)(_flatten_spatial(x)))
 
 
@@ -394,8 +488,10 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
     """The network for a batched example observation.
 
     A dict with the excavation keys -> `ExcavationPolicy`; an array [B, D] ->
-    `GymnaxMLPPolicy`; an array [B, H, W, C] -> `GymnaxCNNPolicy`. The gymnax nets take only
-    `precision` from `config` (their widths are the usual 64).
+    `GymnaxMLPPolicy`; an array [B, H, W, C] -> `GymnaxCNNPolicy`, or with
+    `image_encoder="mlp"` the MLP over the flattened image. The gymnax nets take only
+    `precision`, `conv_as_matmul` and `image_encoder` from `config` (their widths are the
+    usual 64).
     """
     if num_actions < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
@@ -407,19 +503,23 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
     per_env_ndim = np.ndim(example_obs) - 1
     if per_env_ndim == 1:
         return GymnaxMLPPolicy(num_actions, precision=config.precision)
+    if per_env_ndim == 3 and config.image_encoder == "mlp":
+        return GymnaxMLPPolicy(num_actions, precision=config.precision, flatten_image=True)
     if per_env_ndim == 3:
-        return GymnaxCNNPolicy(num_actions, precision=config.precision)
+        return GymnaxCNNPolicy(num_actions, precision=config.precision,
+                               conv_as_matmul=config.conv_as_matmul)
     raise ValueError(
         f"batched observation must be [B, D] or [B, H, W, C], got shape {np.shape(example_obs)}"
     )
 
 
 def uses_convolutions(policy: nn.Module) -> bool:
-    """Whether the network has convolution layers (their gradients run an order of
-    magnitude slower inside XLA:CPU loops, jax-ml/jax#12868)."""
+    """Whether the network has `lax.conv` layers (their gradients run an order of magnitude
+    slower inside XLA:CPU loops, jax-ml/jax#12868); `PatchConv` layers do not count."""
     if isinstance(policy, ExcavationPolicy):
-        return policy.config.map_encoder not in ("flat", "none")
-    return isinstance(policy, GymnaxCNNPolicy)
+        convs = policy.config.map_encoder not in ("flat", "none")
+        return convs and not policy.config.conv_as_matmul
+    return isinstance(policy, GymnaxCNNPolicy) and not policy.conv_as_matmul
 
 
 def _unwrap(params):

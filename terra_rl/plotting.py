@@ -23,7 +23,7 @@ from terra_rl.run_dir import CONFIG_FILE, METRICS_FILE
 NOT_THE_EXPERIMENT = frozenset({
     "seed", "run_name", "runs_dir", "compilation_cache_dir", "wandb_mode", "wandb_project",
     "wandb_entity", "wandb_tags", "log_train_interval", "checkpoint_interval",
-    "keep_checkpoints", "cache_clear_interval",
+    "keep_checkpoints", "cache_clear_interval", "updates_per_dispatch",
 })
 
 

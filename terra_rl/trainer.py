@@ -105,13 +105,33 @@ class Trainer:
 
     def compile_update(self, runner: RunnerState):
         """The update compiled ahead of time (once per trainer), timing the compile. It takes
-        and returns global arrays (`runner`, `env_params`)."""
+        and returns global arrays (`runner`, `env_params`, and with `updates_per_dispatch`
+        > 1 the update count, `self.update_counts(n)`)."""
         if self.compiled_update is None:
             start = time.perf_counter()
-            lowered = self.update_fn.lower(*self._local(runner, self.env_params))
+            args = (runner, self.env_params)
+            if self.config.updates_per_dispatch > 1:
+                args += (self.update_counts(1),)
+            lowered = self.update_fn.lower(*self._local(*args))
             self.compiled_update = lowered.compile()
             self.compile_seconds = time.perf_counter() - start
         return self.compiled_update
+
+    def update_counts(self, count: int):
+        """int32 [num_devices] `count` on every device: the update count argument."""
+        return self.replicate(np.int32(count))
+
+    def run_updates(self, runner: RunnerState, count: int):
+        """`count` updates in one dispatch (at most `updates_per_dispatch`): (runner,
+        device metrics). With `updates_per_dispatch` > 1 every metric has a leading update
+        axis after the device axis (`host_metrics(metrics, row)` reads update `row`)."""
+        per_dispatch = self.config.updates_per_dispatch
+        if not 1 <= count <= per_dispatch:
+            raise ValueError(f"count must be in [1, {per_dispatch}], got {count}")
+        update = self.compile_update(runner)
+        if per_dispatch == 1:
+            return update(runner, self.env_params)
+        return update(runner, self.env_params, self.update_counts(count))
 
     def compile_eval(self, runner: RunnerState):
         """The evaluation compiled ahead of time (once per trainer); it takes global arrays
@@ -157,6 +177,9 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         precision=config.precision,
         compass=config.use_compass,
         egocentric_radius=config.egocentric_radius,
+        image_encoder=config.image_encoder,
+        conv_as_matmul=config.conv_impl == "patches"
+        or (config.conv_impl == "auto" and jax.default_backend() == "cpu"),
     )
 
 
@@ -188,15 +211,17 @@ def build_trainer(config: TrainConfig) -> Trainer:
     return trainer
 
 
-def host_metrics(device_metrics: dict) -> dict[str, float]:
+def host_metrics(device_metrics: dict, row: int | None = None) -> dict[str, float]:
     """Device metrics (identical on every device) -> floats, without the optional ones
     that had nothing to measure. Reads this process's first device only, so it needs no
-    collective when the arrays span several processes."""
+    collective when the arrays span several processes. `row` picks one update of metrics
+    from several updates' (`Trainer.run_updates`)."""
     host = jax.device_get({name: distributed.first_local_row(value)
                            for name, value in device_metrics.items()})
     out = {}
     for name, value in host.items():
-        value = float(np.asarray(value).reshape(-1)[0])
+        # A scalar per device and update: the shard flattens to its updates.
+        value = float(np.asarray(value).reshape(-1)[row or 0])
         if math.isnan(value) and any(marker in name for marker in OPTIONAL_METRIC_MARKERS):
             continue
         out[name] = value
@@ -229,6 +254,18 @@ def _is_due(done_updates: int, interval: int, is_last: bool) -> bool:
     return is_last or (interval > 0 and done_updates % interval == 0)
 
 
+def dispatch_size(config: TrainConfig, done: int, last_update: int) -> int:
+    """Updates in the next dispatch after `done`: at most `updates_per_dispatch`, ending at
+    the next eval, checkpoint or cache clear (host work between updates) or `last_update`.
+    Train logs may fall inside a dispatch: every update's metrics come back."""
+    end = min(done + config.updates_per_dispatch, last_update)
+    for interval in (config.log_eval_interval, config.checkpoint_interval,
+                     config.cache_clear_interval):
+        if interval > 0:
+            end = min(end, (done // interval + 1) * interval)
+    return end - done
+
+
 def train(
     trainer: Trainer,
     logger: RunLogger,
@@ -241,10 +278,12 @@ def train(
     """Run updates until `num_updates` (or `stop_after` updates in total, for tests and
     staged runs). With `resume`, continue from the latest checkpoint.
 
-    `stop_requested` is polled after every update (and once after compiling): when it turns
-    true (a SIGTERM), that update is logged and checkpointed and the run returns with
-    `stopped`. The best checkpoint (`config.best_metric`, higher is better) is saved at every
-    eval that improves it, between periodic checkpoints too.
+    Updates run `updates_per_dispatch` at a time (`dispatch_size`); every update's metrics
+    are logged on the log interval. `stop_requested` is polled after every dispatch (and
+    once after compiling): when it turns true (a SIGTERM), the dispatch's last update is
+    logged and checkpointed and the run returns with `stopped`. The best checkpoint
+    (`config.best_metric`, higher is better) is saved at every eval that improves it, between
+    periodic checkpoints too.
 
     Every process of a multi-process run calls this with the same config; `logger` and
     `checkpoints` write only on process 0 (`distributed.is_writer`); all processes restore.
@@ -273,7 +312,7 @@ def train(
         f"{count_parameters(params):,} parameters"
     )
 
-    update_fn = trainer.compile_update(runner)
+    trainer.compile_update(runner)
     compile_seconds = trainer.compile_seconds
     logger.message(f"update compiled in {compile_seconds:.1f} s")
     baseline_eval = start == 0 and config.log_eval_interval > 0
@@ -302,28 +341,36 @@ def train(
         logger.log_eval(0, 0, eval_metrics)
     last_log_time, last_log_update = time.perf_counter(), start
     done, stopped = start, False
-    for update in range(start, last_update):
-        runner, device_metrics = update_fn(runner, trainer.env_params)
-        done = update + 1
+    several = config.updates_per_dispatch > 1
+    while done < last_update:
+        first = done
+        count = dispatch_size(config, done, last_update)
+        runner, device_metrics = trainer.run_updates(runner, count)
+        done = first + count
         env_steps = done * steps_per_update
         stopped = done < last_update and stop_now()
         is_last = done == last_update or stopped
-        log_due = _is_due(done, config.log_train_interval, is_last)
+        logged = [finished for finished in range(first + 1, done + 1)
+                  if _is_due(finished, config.log_train_interval, finished == done and is_last)]
         eval_due = _is_due(done, config.log_eval_interval, done == num_updates)
         checkpoint_due = _is_due(done, config.checkpoint_interval, is_last)
-        if log_due:
-            train_metrics = host_metrics(device_metrics)  # waits for the update to finish
+        if logged:
+            # Fetching waits for the dispatch; its updates share one time per update.
+            rows = {finished: host_metrics(device_metrics, finished - first - 1 if several
+                                           else None) for finished in logged}
             now = time.perf_counter()
             seconds_per_update = (now - last_log_time) / (done - last_log_update)
-            train_metrics["performance/seconds_per_update"] = seconds_per_update
-            train_metrics["performance/steps_per_second"] = steps_per_update / seconds_per_update
-            # Everything since the compile (evals, checkpoints, logging) counted in.
-            train_metrics["performance/wall_steps_per_second"] = (
-                (done - start) * steps_per_update / (now - loop_start))
-            if not compile_logged:
-                train_metrics["performance/compile_seconds"] = compile_seconds
-                compile_logged = True
-            logger.log_train(done, env_steps, train_metrics)
+            for finished, train_metrics in rows.items():
+                train_metrics["performance/seconds_per_update"] = seconds_per_update
+                train_metrics["performance/steps_per_second"] = (
+                    steps_per_update / seconds_per_update)
+                # Everything since the compile (evals, checkpoints, logging) counted in.
+                train_metrics["performance/wall_steps_per_second"] = (
+                    (done - start) * steps_per_update / (now - loop_start))
+                if not compile_logged:
+                    train_metrics["performance/compile_seconds"] = compile_seconds
+                    compile_logged = True
+                logger.log_train(finished, finished * steps_per_update, train_metrics)
         new_best = False
         if eval_due:
             eval_metrics = trainer.evaluate(runner, done)
@@ -331,7 +378,7 @@ def train(
             new_best = _improves(eval_metrics.get(config.best_metric), best_value)
             if new_best:
                 best_value = eval_metrics[config.best_metric]
-        if log_due or eval_due:
+        if logged or eval_due:
             logger.progress(done, env_steps, train_metrics.get("performance/steps_per_second"))
         if checkpoint_due or new_best:
             # Every process takes part in the gather; only process 0 writes.
@@ -345,7 +392,7 @@ def train(
             distributed.barrier("checkpoint")  # the others wait here, not in a collective
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
-        if log_due or eval_due or checkpoint_due or new_best:
+        if logged or eval_due or checkpoint_due or new_best:
             # Restart the clock after host work, so steps/s measures training only.
             last_log_time, last_log_update = time.perf_counter(), done
         if stopped:

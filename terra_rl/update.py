@@ -155,12 +155,15 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
 def make_update_fn(config: TrainConfig, env, policy, optimizer,
                    trace_counts: collections.Counter | None = None) -> Callable:
     """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
-    runner state. Metrics are float32 scalars, identical on every device. Each trace adds
-    1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
+    runner state. Metrics are float32 scalars, identical on every device. With
+    `config.updates_per_dispatch` K > 1 it is `update(runner_state, env_params, count int32)`
+    running `count` <= K updates, each metric with a leading [K] (`repeat_update`). Each
+    trace adds 1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
     num_envs = env.num_envs
-    # XLA:CPU runs convolution gradients inside a while loop an order of magnitude slower
-    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with
-    # convolutions are unrolled (at a compile time that grows with epochs x minibatches).
+    # XLA:CPU runs `lax.conv` gradients inside a while loop an order of magnitude slower
+    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with such
+    # convolutions (`--conv_impl lax`) are unrolled, at a compile time that grows with
+    # epochs x minibatches. `PatchConv` (the CPU default) needs no unrolling.
     unroll_updates = jax.default_backend() == "cpu" and uses_convolutions(policy)
 
     def outputs(params, obs):
@@ -295,11 +298,42 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
             counters=counters.replace(update=counters.update + 1),
             loss_scale=loss_scale,
         )
-        if trace_counts is not None:
-            trace_counts["update"] += 1  # runs while tracing, never on the device
         return new_runner, metrics
 
-    return jax.pmap(update, axis_name=AXIS, donate_argnums=(0,))
+    def counted_update(runner: RunnerState, env_params):
+        if trace_counts is not None:
+            trace_counts["update"] += 1  # runs while tracing, never on the device
+        return update(runner, env_params)
+
+    def repeated_update(runner: RunnerState, env_params, count):
+        if trace_counts is not None:
+            trace_counts["update"] += 1
+        return repeat_update(update, config.updates_per_dispatch)(runner, env_params, count)
+
+    if config.updates_per_dispatch == 1:
+        return jax.pmap(counted_update, axis_name=AXIS, donate_argnums=(0,))
+    return jax.pmap(repeated_update, axis_name=AXIS, donate_argnums=(0,))
+
+
+def repeat_update(update: Callable, max_updates: int) -> Callable:
+    """`update(runner, env_params) -> (runner, metrics)` as
+    `(runner, env_params, count int32 []) -> (runner, metrics with a leading [max_updates])`:
+    `count` <= max_updates updates in one `fori_loop`, so one compiled function serves every
+    count. Row i of each metric is update i's; rows from `count` on are zeros."""
+
+    def run(runner, env_params, count):
+        shapes = jax.eval_shape(update, runner, env_params)[1]
+        buffer = jax.tree.map(lambda s: jnp.zeros((max_updates,) + s.shape, s.dtype), shapes)
+
+        def body(i, carry):
+            runner, buffer = carry
+            runner, metrics = update(runner, env_params)
+            buffer = jax.tree.map(lambda rows, row: rows.at[i].set(row), buffer, metrics)
+            return runner, buffer
+
+        return jax.lax.fori_loop(0, count, body, (runner, buffer))
+
+    return run
 
 
 def optimization_metrics(step_metrics: dict, loss_scale: LossScale) -> dict[str, jax.Array]:

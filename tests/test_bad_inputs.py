@@ -34,6 +34,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "zero envs": (TRAIN, ["--num_envs_per_device", "0"], "--num_envs_per_device must be >= 1"),
     "negative envs": (TRAIN, ["--num_envs_per_device", "-8"], "must be >= 1, got -8"),
     "not an integer": (TRAIN, ["--num_steps", "lots"], "invalid int value: 'lots'"),
+    "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "0"],
+                             "--updates_per_dispatch must be >= 1, got 0"),
     "below one update": (TRAIN, ["--total_timesteps", "1000"], "less than one update"),
     "minibatches": (TRAIN, ["--num_minibatches", "3"], "not divisible into --num_minibatches"),
     "eval episodes over devices": (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +20,7 @@ from terra_rl.models import (
     ExcavationPolicy,
     GymnaxCNNPolicy,
     GymnaxMLPPolicy,
+    PatchConv,
     PolicyConfig,
     count_parameters,
     make_policy,
@@ -92,7 +94,8 @@ def _gradients(case, obs):
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"map_encoder": "vit"}, {"precision": "float64"}, {"hidden_dim": 0}, {"map_feature_dim": -1}],
+    [{"map_encoder": "vit"}, {"precision": "float64"}, {"hidden_dim": 0}, {"map_feature_dim": -1},
+     {"image_encoder": "vit"}],
 )
 def test_policy_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -239,6 +242,25 @@ def test_gymnax_mlp_actor_and_critic_are_separate():
     assert all(np.asarray(g).any() for g in jax.tree.leaves(value_grads["critic_encoder"]))
 
 
+def test_image_observations_get_a_flat_mlp_with_image_encoder_mlp():
+    """MinAtar-shaped obs [B, 10, 10, 4]: `image_encoder="mlp"` gives the MLP over the
+    flattened image (no convolution, so no unrolled loops on CPU); its outputs equal the
+    vector MLP's on the same numbers flattened by hand."""
+    obs = jax.random.uniform(jax.random.PRNGKey(0), (3, 2, 10, 10, 4))
+    model = make_policy(PolicyConfig(image_encoder="mlp"), 5, obs[0])
+    assert type(model) is GymnaxMLPPolicy and model.flatten_image
+    assert not uses_convolutions(model)
+    assert uses_convolutions(make_policy(PolicyConfig(map_encoder="flat"), 5, obs[0]))
+    params = model.init(jax.random.PRNGKey(1), obs[0])["params"]
+    assert count_parameters(params) == 2 * (400 * 64 + 64 + 64 * 64 + 64) + (64 * 5 + 5) + 65
+    logits, value = model.apply({"params": params}, obs)  # two leading batch dims
+    assert logits.shape == (3, 2, 5) and value.shape == (3, 2)
+    flat_logits, flat_value = GymnaxMLPPolicy(5).apply({"params": params},
+                                                       obs.reshape(3, 2, 400))
+    np.testing.assert_array_equal(logits, flat_logits)
+    np.testing.assert_array_equal(value, flat_value)
+
+
 def test_make_policy_picks_the_excavation_policy(obs4):
     config = PolicyConfig(map_encoder="resnet")
     model = make_policy(config, NUM_ACTIONS, obs4)
@@ -290,3 +312,52 @@ def test_parameter_groups_of_gymnax_networks():
         assert sum(map(count_parameters, groups.values())) == count_parameters(params)
     with pytest.raises(ValueError, match="policy_head"):
         parameter_groups({"encoder": {}})
+
+
+# --------------------------------------------------------------------------- PatchConv
+
+
+@pytest.mark.parametrize("map_encoder", ["atari", "resnet", "gymnax_cnn"])
+def test_patch_convolutions_match_lax_convolutions(obs4, map_encoder):
+    """`conv_as_matmul` keeps the parameter tree and the initial values, and gives the same
+    logits, values and gradients (to float32 rounding) as `lax.conv`; it also tells the
+    update that the loops need no unrolling."""
+    if map_encoder == "gymnax_cnn":
+        obs = jax.random.uniform(jax.random.PRNGKey(2), (4, 10, 10, 4))
+        make = lambda matmul: make_policy(  # noqa: E731
+            PolicyConfig(conv_as_matmul=matmul), 3, obs)
+    else:
+        obs = obs4
+        make = lambda matmul: ExcavationPolicy(  # noqa: E731
+            PolicyConfig(map_encoder=map_encoder, conv_as_matmul=matmul, **SMALL), NUM_ACTIONS)
+    lax_model, patch_model = make(False), make(True)
+    assert uses_convolutions(lax_model) and not uses_convolutions(patch_model)
+    params = lax_model.init(jax.random.PRNGKey(0), obs)
+    patch_params = patch_model.init(jax.random.PRNGKey(0), obs)
+    assert jax.tree.structure(params) == jax.tree.structure(patch_params)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                    jax.tree.leaves(patch_params), strict=True))
+
+    def loss(model, p):
+        logits, value = model.apply(p, obs)
+        return jnp.sum(jax.nn.log_softmax(logits)[:, 0]) + jnp.sum(value ** 2)
+
+    for a, b in zip(jax.tree.leaves((lax_model.apply(params, obs),
+                                     jax.grad(functools.partial(loss, lax_model))(params))),
+                    jax.tree.leaves((patch_model.apply(params, obs),
+                                     jax.grad(functools.partial(loss, patch_model))(params))),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize(("height", "width", "kernel", "stride"),
+                         [(10, 10, 8, 4), (9, 7, 4, 2), (5, 6, 3, 1), (16, 16, 3, 2)])
+def test_patch_conv_equals_nn_conv_on_odd_shapes(height, width, kernel, stride):
+    """SAME padding splits unevenly on these shapes; the result must still be nn.Conv's."""
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, height, width, 3))
+    conv = nn.Conv(5, (kernel, kernel), strides=(stride, stride), padding="SAME")
+    params = conv.init(jax.random.PRNGKey(4), x)
+    expected = conv.apply(params, x)
+    got = PatchConv(5, kernel, stride).apply(params, x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

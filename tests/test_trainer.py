@@ -246,6 +246,44 @@ def test_gymnax_cartpole_trains():
     assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
 
 
+def test_several_updates_per_dispatch_match_one_per_dispatch(tmp_path):
+    """CartPole on 4 devices, 10 updates, evals every 4 and checkpoints every 5: three updates
+    per dispatch give the same final state and the same logged metrics, update by update,
+    as one per dispatch, with evals and checkpoints on their updates and one trace each."""
+
+    def cartpole(per_dispatch: int):
+        config = TrainConfig(
+            env="gymnax:CartPole-v1", num_devices=NUM_DEVICES, num_envs_per_device=4,
+            num_steps=16, total_timesteps=10 * 16 * 4 * NUM_DEVICES, update_epochs=2,
+            num_minibatches=2, eval_episodes=8, precision="float32", compilation_cache_dir="",
+            log_train_interval=1, log_eval_interval=4, checkpoint_interval=5,
+            updates_per_dispatch=per_dispatch)
+        return build_trainer(resolve(config, jax.local_device_count()))
+
+    def logged(run_dir):
+        skip = ("wall_time", "performance/")
+        return [{k: v for k, v in record.items() if not k.startswith(skip)}
+                for record in read_metrics(run_dir / "metrics.jsonl")]
+
+    one, three = cartpole(1), cartpole(3)
+    straight = run_train(one, tmp_path / "one")
+    batched = run_train(three, tmp_path / "three")
+    assert batched.updates_done == straight.updates_done == 10
+    assert leaves_equal(jax.device_get(straight.runner), jax.device_get(batched.runner))
+    records = logged(tmp_path / "three")
+    assert records == logged(tmp_path / "one")
+    assert [r["update"] for r in records if "train/actor_loss" in r] == list(range(1, 11))
+    assert [r["update"] for r in records if "eval/rewards" in r] == [0, 4, 8, 10]
+    assert CheckpointStore(tmp_path / "three" / "checkpoints").all_steps() == [5, 10]
+    # Dispatches of 3, 1 (eval at 4), 1 (checkpoint at 5), 3, 2: one compiled function.
+    assert three.trace_counts == {"update": 1, "eval": 1}
+
+    # A stop request is polled after each dispatch: it stops after the first three updates.
+    stopped = run_train(three, tmp_path / "stopped", stop_requested=stop_after_polls(2))
+    assert stopped.stopped and stopped.updates_done == 3
+    assert CheckpointStore(tmp_path / "stopped" / "checkpoints").latest_step() == 3
+
+
 def cli_flags(runs_dir, run_name: str) -> list[str]:
     """train_mixed.py flags for the tiny config on cpu_demo, two updates on 4 devices."""
     flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
