@@ -23,6 +23,7 @@ from envs.maps import default_spawn_clearance, generate_maps
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "train_mixed.py")
 BENCHMARK = str(REPO / "scripts" / "benchmark_train.py")
+RESULTS = str(REPO / "scripts" / "run_results.py")
 SOLO = ["--config", "solo_excavator"]
 
 # name -> (script, flags, a phrase the error must contain). {data}: the case's directory,
@@ -34,6 +35,14 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "zero envs": (TRAIN, ["--num_envs_per_device", "0"], "--num_envs_per_device must be >= 1"),
     "negative envs": (TRAIN, ["--num_envs_per_device", "-8"], "must be >= 1, got -8"),
     "not an integer": (TRAIN, ["--num_steps", "lots"], "invalid int value: 'lots'"),
+    "results: unknown task": (RESULTS, ["--tasks", "Pong-v0", "--out-dir", "{data}/results"],
+                              "--tasks: unknown ['Pong-v0']"),
+    "results: bad seeds": (RESULTS, ["--seeds", "0,x", "--out-dir", "{data}/results"],
+                           "--seeds must be a comma list of integers"),
+    "results: out dir under a file": (RESULTS, ["--out-dir", "{data}/a_file/results"],
+                                      "--out-dir"),
+    "conv impl": (TRAIN, ["--conv_impl", "cudnn"], "--conv_impl must be one of"),
+    "image encoder": (TRAIN, ["--image_encoder", "vit"], "--image_encoder must be one of"),
     "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "0"],
                              "--updates_per_dispatch must be >= 1, got 0"),
     "below one update": (TRAIN, ["--total_timesteps", "1000"], "less than one update"),
