@@ -109,6 +109,9 @@ def _dense(features: int, dtype, scale: float = np.sqrt(2), name: str | None = N
     )
 
 
+CONV_KERNEL_INIT = nn.initializers.orthogonal(np.sqrt(2))
+
+
 def _conv(features: int, kernel: int, stride: int, dtype, *, as_matmul: bool = False,
           name: str | None = None) -> nn.Module:
     """A SAME-padded square convolution: `nn.Conv`, or with `as_matmul` `PatchConv` (same
@@ -126,9 +129,6 @@ def _conv(features: int, kernel: int, stride: int, dtype, *, as_matmul: bool = F
         param_dtype=jnp.float32,
         name=name,
     )
-
-
-CONV_KERNEL_INIT = nn.initializers.orthogonal(np.sqrt(2))
 
 
 class PatchConv(nn.Module):
