@@ -104,7 +104,7 @@ class TrainConfig:
     separate_actor_critic_trunks: bool = False
     image_encoder: str = "cnn"
     """Gymnax image observations (MinAtar): cnn (a conv 16 3x3 + Dense 64) or mlp (the 2 x
-    64 tanh MLP over the flattened image; faster, and it learned less on Breakout-MinAtar,
+    64 tanh MLP over the flattened image; faster, but it stalled on Breakout-MinAtar,
     docs/RESULTS.md)."""
     conv_impl: str = "auto"
     """How convolutions run: lax (`lax.conv`), patches (image patches times the kernel

@@ -33,7 +33,7 @@ BASE_FLAGS = (
 )
 """Flags shared by every task: cpu_demo's float32, no excavation features. The network
 follows the observation: the 2 x 64 tanh MLP for vectors, the CNN for MinAtar images
-(`--image_encoder cnn`; the MLP over the flattened image learned less, docs/RESULTS.md)."""
+(`--image_encoder cnn`; the MLP over the flattened image stalled, docs/RESULTS.md)."""
 
 
 def _ppo(envs: int, steps: int, epochs: int, minibatches: int, lr: float, gamma: float,
