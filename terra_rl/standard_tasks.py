@@ -52,7 +52,7 @@ TASKS: dict[str, StandardTask] = {
     "Acrobot-v1": StandardTask("gymnax:Acrobot-v1", 500_000, -80.0,
                                _ppo(16, 32, 4, 4, 5e-4, 0.99, 0.01, 1.0)),
     "MountainCar-v0": StandardTask("gymnax:MountainCar-v0", 500_000, -118.0,
-                                   _ppo(16, 32, 64, 4, 5e-3, 0.99, 0.003, 1.0, "linear")),
+                                   _ppo(16, 32, 64, 4, 5e-3, 0.99, 0.01, 1.0, "linear")),
     "Breakout-MinAtar": StandardTask("gymnax:Breakout-MinAtar", 10_000_000, 28.0, _MINATAR),
     "Asterix-MinAtar": StandardTask("gymnax:Asterix-MinAtar", 10_000_000, 15.0, _MINATAR),
     "Freeway-MinAtar": StandardTask("gymnax:Freeway-MinAtar", 10_000_000, 58.0, _MINATAR),
