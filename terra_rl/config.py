@@ -140,7 +140,7 @@ class TrainConfig:
     """Run up to N updates in one device call (a loop inside the compiled function); evals,
     checkpoints and stop requests still fall on their updates and every update's metrics
     are logged. Pays where an update is short next to the host round trip (small MLP
-    policies); a convolution network on CPU runs slower inside the loop (PERFORMANCE.md)."""
+    policies); with --conv_impl lax on CPU the convolutions would run slowly inside the loop."""
     compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
     """Persistent XLA compilation cache; empty disables it."""
     runs_dir: str = "runs"
@@ -286,15 +286,12 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     c = config
     positive = (
         "num_envs_per_device num_steps total_timesteps update_epochs num_minibatches "
-        "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints"
+        "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints "
+        "updates_per_dispatch"
     ).split()
     for name in positive:
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    if c.updates_per_dispatch < 1:
-        raise ConfigError(
-            f"--updates_per_dispatch must be >= 1, got {c.updates_per_dispatch}"
-        )
     for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
                  "cache_clear_interval", "ent_coef_decay_updates", "dataset_size",
                  "curriculum_demote_after", "egocentric_radius", "stall_steps"):

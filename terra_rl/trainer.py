@@ -124,7 +124,8 @@ class Trainer:
     def run_updates(self, runner: RunnerState, count: int):
         """`count` updates in one dispatch (at most `updates_per_dispatch`): (runner,
         device metrics). With `updates_per_dispatch` > 1 every metric has a leading update
-        axis after the device axis (`host_metrics(metrics, row)` reads update `row`)."""
+        axis after the device axis (`metrics_row(fetch_metrics(metrics), row)` reads update
+        `row`)."""
         per_dispatch = self.config.updates_per_dispatch
         if not 1 <= count <= per_dispatch:
             raise ValueError(f"count must be in [1, {per_dispatch}], got {count}")
@@ -211,17 +212,26 @@ def build_trainer(config: TrainConfig) -> Trainer:
     return trainer
 
 
-def host_metrics(device_metrics: dict, row: int | None = None) -> dict[str, float]:
+def host_metrics(device_metrics: dict) -> dict[str, float]:
     """Device metrics (identical on every device) -> floats, without the optional ones
     that had nothing to measure. Reads this process's first device only, so it needs no
-    collective when the arrays span several processes. `row` picks one update of metrics
-    from several updates' (`Trainer.run_updates`)."""
-    host = jax.device_get({name: distributed.first_local_row(value)
+    collective when the arrays span several processes."""
+    return metrics_row(fetch_metrics(device_metrics), 0)
+
+
+def fetch_metrics(device_metrics: dict) -> dict[str, np.ndarray]:
+    """This process's first shard of every metric, on the host: one transfer."""
+    return jax.device_get({name: distributed.first_local_row(value)
                            for name, value in device_metrics.items()})
+
+
+def metrics_row(host: dict[str, np.ndarray], row: int) -> dict[str, float]:
+    """Update `row`'s floats from `fetch_metrics` of one or several updates' metrics
+    (`Trainer.run_updates`), without the optional ones that had nothing to measure."""
     out = {}
     for name, value in host.items():
         # A scalar per device and update: the shard flattens to its updates.
-        value = float(np.asarray(value).reshape(-1)[row or 0])
+        value = float(np.asarray(value).reshape(-1)[row])
         if math.isnan(value) and any(marker in name for marker in OPTIONAL_METRIC_MARKERS):
             continue
         out[name] = value
@@ -341,7 +351,6 @@ def train(
         logger.log_eval(0, 0, eval_metrics)
     last_log_time, last_log_update = time.perf_counter(), start
     done, stopped = start, False
-    several = config.updates_per_dispatch > 1
     while done < last_update:
         first = done
         count = dispatch_size(config, done, last_update)
@@ -356,8 +365,8 @@ def train(
         checkpoint_due = _is_due(done, config.checkpoint_interval, is_last)
         if logged:
             # Fetching waits for the dispatch; its updates share one time per update.
-            rows = {finished: host_metrics(device_metrics, finished - first - 1 if several
-                                           else None) for finished in logged}
+            host = fetch_metrics(device_metrics)
+            rows = {finished: metrics_row(host, finished - first - 1) for finished in logged}
             now = time.perf_counter()
             seconds_per_update = (now - last_log_time) / (done - last_log_update)
             for finished, train_metrics in rows.items():
