@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     own, train_argv = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if own.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {own.repeats}")
-    args = parse_train_args(train_argv)
+    args = parse_train_args(train_argv, PROG)
     if args.resume is not None:
         parser.error("--resume does not apply: profile a preset and its flags")
     try:

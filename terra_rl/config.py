@@ -104,8 +104,8 @@ class TrainConfig:
     separate_actor_critic_trunks: bool = False
     image_encoder: str = "cnn"
     """Gymnax image observations (MinAtar): cnn (a conv 16 3x3 + Dense 64) or mlp (the 2 x
-    64 tanh MLP over the flattened image; faster, but it stalled on Breakout-MinAtar,
-    docs/RESULTS.md)."""
+    64 tanh MLP over the flattened image; several times faster on CPU, and the standard-task
+    table's MinAtar network, docs/RESULTS.md)."""
     conv_impl: str = "auto"
     """How convolutions run: lax (`lax.conv`), patches (image patches times the kernel
     matrix, the same parameters), or auto: patches on CPU, where a `lax.conv` gradient

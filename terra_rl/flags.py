@@ -71,10 +71,11 @@ def bool_flag_name(field_name: str) -> str:
     return field_name.removeprefix("use_")
 
 
-def build_parser(base: TrainConfig) -> OneLineErrorParser:
-    """Flags for every field; defaults shown are those of `base` (the chosen preset)."""
+def build_parser(base: TrainConfig, prog: str = "train_mixed.py") -> OneLineErrorParser:
+    """Flags for every field; defaults shown are those of `base` (the chosen preset);
+    `prog` names the script in help and error lines."""
     parser = OneLineErrorParser(
-        prog="train_mixed.py",
+        prog=prog,
         description="Train a PPO policy. Flags override the preset chosen with --config.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         argument_default=argparse.SUPPRESS,
@@ -178,13 +179,14 @@ def _comma_tuple(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def parse_train_args(argv: list[str]) -> TrainArgs:
-    """Parse `argv` (without the program name). Errors exit with code 2 and one line."""
+def parse_train_args(argv: list[str], prog: str = "train_mixed.py") -> TrainArgs:
+    """Parse `argv` (without the program name). Errors exit with code 2 and one line
+    starting with `prog`."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default="solo_excavator")
     known, _ = pre.parse_known_args(argv)
     base = get_preset(known.config) if known.config in PRESETS else get_preset("solo_excavator")
-    parser = build_parser(base)
+    parser = build_parser(base, prog)
     args = vars(parser.parse_args(argv))
     preset_name = args.pop("config")
     resume = args.pop("resume")

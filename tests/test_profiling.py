@@ -57,3 +57,12 @@ def test_profile_reports_every_section_on_one_scale(tmp_path, capsys):
         script.main([*tiny_flags(), "--repeats", "0"])
     assert error.value.code == 2
     assert "--repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_a_bad_train_flag_names_the_profiler(capsys):
+    script = load_script()
+    with pytest.raises(SystemExit) as error:
+        script.main([*tiny_flags(), "--num_minibatches", "zero"])
+    assert error.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("profile_rollout_components.py: error:") and "\n" not in err
