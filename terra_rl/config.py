@@ -113,6 +113,9 @@ class TrainConfig:
     use_compass: bool = False
     """Feed the policy egocentric counts of the tiles to dig, free dump space, soil and
     obstacles per direction and distance (`terra_rl.compass`)."""
+    use_dig_distance: bool = False
+    """Feed the policy the dig-distance field around it: 8-connected steps over free tiles to
+    the nearest tile from which the arm reaches an undug target (`terra_rl.dig_distance`)."""
     egocentric_radius: int = 0
     """With > 0, feed the policy the map around the agent, turned to its base heading, a square
     of 2 * radius + 1 tiles (`terra_rl.egocentric`); 0 turns it off."""
@@ -349,6 +352,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         raise ConfigError("--enable_action_mask needs --env excavation (gymnax envs have no mask)")
     elif c.curriculum:
         raise ConfigError("--curriculum needs --env excavation (gymnax envs have no map levels)")
+    elif c.use_dig_distance:
+        raise ConfigError("--enable_dig_distance needs --env excavation (gymnax envs have no map)")
 
 
 def _validate_excavation(c: TrainConfig) -> None:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from terra_rl.compass import compass
+from terra_rl.dig_distance import dig_distance_features
 from terra_rl.egocentric import egocentric_view
 from terra_rl.patch_conv import CONV_KERNEL_INIT, PatchConv
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
@@ -62,6 +63,8 @@ class PolicyConfig:
     precision: str = "float32"
     compass: bool = False
     """Add the egocentric tile counts of `terra_rl.compass` (excavation only)."""
+    dig_distance: bool = False
+    """Add the dig-distance field around the agent (`terra_rl.dig_distance`; excavation)."""
     egocentric_radius: int = 0
     """With > 0, add the map around the agent turned to its base heading
     (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""
@@ -278,9 +281,9 @@ class ExcavationEncoder(nn.Module):
     Submodules: `map_encoder` (over `map_channels`, zero-padded to 8 channels; absent with
     `map_encoder="none"`), `base_heading_embed`, `cabin_heading_embed`, `wheel_angle_embed`
     and `agent_type_embed` (inputs of `agent_state_mlp`), `local_maps_mlp`,
-    `last_actions_embed`, `compass_mlp` (with `PolicyConfig.compass`), `egocentric_mlp` (with
-    `PolicyConfig.egocentric_radius`), and `trunk` (2 x Dense hidden_dim + relu over the
-    concatenated features).
+    `last_actions_embed`, `compass_mlp` and `dig_distance_mlp` (with those `PolicyConfig`
+    flags), `egocentric_mlp` (with `PolicyConfig.egocentric_radius`), and `trunk` (2 x Dense
+    hidden_dim + relu over the concatenated features).
     """
 
     config: PolicyConfig
@@ -331,12 +334,12 @@ class ExcavationEncoder(nn.Module):
         action_features = actions.reshape(*actions.shape[:-2], -1).astype(dtype)
 
         parts += [agent_features, local_features, action_features]
-        if cfg.compass:
-            parts.append(
-                _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name="compass_mlp")(
-                    compass(obs).astype(dtype)
-                )
-            )
+        blocks = (("compass_mlp", compass, cfg.compass),
+                  ("dig_distance_mlp", dig_distance_features, cfg.dig_distance))
+        for name, features_of, enabled in blocks:
+            if enabled:  # observation features without parameters, then two Dense 64
+                mlp = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name=name)
+                parts.append(mlp(features_of(obs).astype(dtype)))
         if cfg.egocentric_radius:
             view = egocentric_view(obs, cfg.egocentric_radius)
             parts.append(

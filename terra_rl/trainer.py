@@ -177,6 +177,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         separate_actor_critic_trunks=config.separate_actor_critic_trunks,
         precision=config.precision,
         compass=config.use_compass,
+        dig_distance=config.use_dig_distance,
         egocentric_radius=config.egocentric_radius,
         image_encoder=config.image_encoder,
         conv_as_matmul=config.conv_impl == "patches"

@@ -62,6 +62,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "unknown gymnax id": (TRAIN, [*SOLO, "--env", "gymnax:Moonlander-v9"], "Moonlander-v9"),
     "action mask with gymnax": (TRAIN, [*SOLO, "--env", "gymnax:CartPole-v1",
                                         "--enable_action_mask"], "--enable_action_mask needs"),
+    "dig distance with gymnax": (TRAIN, [*SOLO, "--env", "gymnax:CartPole-v1",
+                                         "--enable_dig_distance"], "--enable_dig_distance needs"),
     "unknown env": (TRAIN, ["--env", "minecraft"], "--env must be 'excavation' or 'gymnax:<id>'"),
     "missing dataset": (TRAIN, [*SOLO, "--dataset_path", "{data}/nowhere"], "manifest not found"),
     "truncated dataset file": (TRAIN, [*SOLO, "--map_size", "16", "--dataset_path",

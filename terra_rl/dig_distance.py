@@ -1,0 +1,114 @@
+"""The dig-distance field: how far the excavator must drive to a tile it can dig from.
+
+The compass says in which direction undug targets lie, not from which tile the arm reaches
+one, nor how to get there around the tiles that digs, dumps and obstacles have blocked. Once
+the easy targets are gone, that navigation is where a reactive policy stalls
+(docs/RESULTS.md). This field answers it: a breadth-first search over the map's free tiles,
+in 8-connected steps, from every free tile that has an undug target within the arm's ring
+(the env's workspace radii). The policy gets the distance at its own tile and at the next
+tile in each of 12 directions counted from its base heading, so "drive downhill" is the same
+input on every map. The search ignores the footprint's length and the heading, so it is a
+guide, not a plan. No parameters; computed inside the network from the observation dict.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs.config import EnvConfig
+
+NUM_DIRECTIONS = 12  # one per base heading (30 degrees), direction 0 straight ahead
+NUM_FEATURES = 2 + 3 * NUM_DIRECTIONS
+
+
+def ring_offsets(map_size: int) -> tuple[tuple[int, int], ...]:
+    """(row, col) offsets of the tiles within the arm's ring (the env's workspace radii,
+    every arm heading) around a base tile."""
+    inner, outer = EnvConfig(map_size=map_size).workspace_radii
+    reach = math.ceil(outer)
+    return tuple(
+        (dr, dc)
+        for dr in range(-reach, reach + 1)
+        for dc in range(-reach, reach + 1)
+        if inner <= math.hypot(dr, dc) <= outer
+    )
+
+
+def direction_offsets() -> np.ndarray:
+    """int32 [12, 2]: the neighbouring tile (row, col step) in the direction of heading h
+    (h * 30 degrees anticlockwise from +column, rows growing downwards, as the env)."""
+    angles = np.arange(NUM_DIRECTIONS) * 2 * math.pi / NUM_DIRECTIONS
+    steps = np.stack([-np.sin(angles), np.cos(angles)], axis=-1)
+    steps = steps / np.max(np.abs(steps), axis=-1, keepdims=True)
+    return np.round(steps).astype(np.int32)
+
+
+def _shift(x: jax.Array, dr: int, dc: int, fill) -> jax.Array:
+    """y[..., r, c] = x[..., r + dr, c + dc], `fill` outside the map."""
+    n = x.shape[-1]
+    pad = max(abs(dr), abs(dc))
+    widths = [(0, 0)] * (x.ndim - 2) + [(pad, pad), (pad, pad)]
+    padded = jnp.pad(x, widths, constant_values=fill)
+    return padded[..., pad + dr : pad + dr + n, pad + dc : pad + dc + n]
+
+
+def dig_distance_field(obs: dict) -> jax.Array:
+    """int32 [..., N, N]: 8-connected steps over free tiles from each tile to the nearest
+    free tile with an undug target in the arm's ring; `unreachable_distance(N)` where none
+    is reachable (or the tile is blocked)."""
+    target, action = obs["target_map"], obs["action_map"]
+    size = target.shape[-1]
+    free = (obs["obstacles"] == 0) & (action == 0)
+    undug = (target == -1) & (action == 0)
+    in_reach = jnp.zeros_like(undug)
+    for dr, dc in ring_offsets(size):
+        in_reach = in_reach | _shift(undug, dr, dc, False)
+    far = unreachable_distance(size)
+    start = jnp.where(free & in_reach, 0, far).astype(jnp.int32)
+    neighbours = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if (dr, dc) != (0, 0)]
+
+    def relax(_, dist):
+        nearest = dist
+        for dr, dc in neighbours:
+            nearest = jnp.minimum(nearest, _shift(dist, dr, dc, far) + 1)
+        return jnp.where(free, jnp.minimum(nearest, far), far)
+
+    return jax.lax.fori_loop(0, unreachable_distance(size) - 1, relax, start)
+
+
+def unreachable_distance(map_size: int) -> int:
+    """The field's value for 'no diggable tile reachable'; also the number of relaxation
+    sweeps + 1, so any path of up to 2N - 1 steps is found exactly."""
+    return 2 * map_size
+
+
+def dig_distance_features(obs: dict) -> jax.Array:
+    """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): at the agent's tile,
+    the distance / far and whether a diggable tile is reachable; then for each of the 12
+    directions from the base heading, the same two at the next tile in that direction and
+    the change of distance clipped to [-1, 1] (+1 where that tile is blocked)."""
+    field = dig_distance_field(obs)
+    size = field.shape[-1]
+    far = unreachable_distance(size)
+    agent = obs["agent_state"]
+    row, col, heading = agent[..., 0], agent[..., 1], agent[..., 2] % NUM_DIRECTIONS
+    steps = jnp.asarray(direction_offsets())
+    turned = steps[(heading[..., None] + jnp.arange(NUM_DIRECTIONS)) % NUM_DIRECTIONS]
+    rows = jnp.concatenate([row[..., None], row[..., None] + turned[..., 0]], axis=-1)
+    cols = jnp.concatenate([col[..., None], col[..., None] + turned[..., 1]], axis=-1)
+    on_map = (rows >= 0) & (rows < size) & (cols >= 0) & (cols < size)
+    flat = jnp.clip(rows, 0, size - 1) * size + jnp.clip(cols, 0, size - 1)
+    values = jnp.take_along_axis(field.reshape(*field.shape[:-2], -1), flat, axis=-1)
+    values = jnp.where(on_map, values, far)  # [..., 13]: the agent's tile, then 12 directions
+    scaled = values.astype(jnp.float32) / far
+    reachable = (values < far).astype(jnp.float32)
+    change = jnp.clip(values[..., 1:] - values[..., :1], -1, 1).astype(jnp.float32)
+    change = jnp.where(values[..., 1:] < far, change, 1.0)
+    return jnp.concatenate(
+        [scaled[..., :1], reachable[..., :1], scaled[..., 1:], reachable[..., 1:], change],
+        axis=-1,
+    )

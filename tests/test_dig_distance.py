@@ -1,0 +1,155 @@
+"""The dig-distance field (`terra_rl.dig_distance`): parity with a plain breadth-first search,
+blocked tiles, detours, the features seen from the base heading, and the policy input."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from terra_rl.dig_distance import (
+    NUM_FEATURES,
+    dig_distance_features,
+    dig_distance_field,
+    direction_offsets,
+    unreachable_distance,
+)
+from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
+from terra_rl.validation import small
+
+N = 16
+FAR = unreachable_distance(N)
+field_jit = jax.jit(dig_distance_field)
+features_jit = jax.jit(dig_distance_features)
+
+
+def reference_field(target, action, obstacles, inner=1.5, outer=3.0):
+    """Multi-source BFS in plain Python: 8-connected steps over free tiles from every free
+    tile with an undug target at a distance in [inner, outer]."""
+    free = (obstacles == 0) & (action == 0)
+    undug = (target == -1) & (action == 0)
+    dist = np.full((N, N), FAR, np.int64)
+    queue = collections.deque()
+    for r in range(N):
+        for c in range(N):
+            near = any(
+                undug[r2, c2] and inner <= math.hypot(r2 - r, c2 - c) <= outer
+                for r2 in range(N) for c2 in range(N)
+            )
+            if free[r, c] and near:
+                dist[r, c] = 0
+                queue.append((r, c))
+    while queue:
+        r, c = queue.popleft()
+        for dr in (-1, 0, 1):
+            for dc in (-1, 0, 1):
+                r2, c2 = r + dr, c + dc
+                if 0 <= r2 < N and 0 <= c2 < N and free[r2, c2] and dist[r2, c2] > dist[r, c] + 1:
+                    dist[r2, c2] = dist[r, c] + 1
+                    queue.append((r2, c2))
+    return np.minimum(dist, FAR)
+
+
+def make_obs(target, action=None, obstacles=None, agent=(8, 8, 0)):
+    zeros = np.zeros((N, N), np.int8)
+    return {
+        "target_map": jnp.asarray(target, jnp.int8),
+        "action_map": jnp.asarray(zeros if action is None else action, jnp.int8),
+        "obstacles": jnp.asarray(zeros if obstacles is None else obstacles, jnp.int8),
+        "agent_state": jnp.asarray([agent[0], agent[1], agent[2], 0, 0, 0], jnp.int32),
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_field_equals_a_breadth_first_search_on_random_maps(seed):
+    rng = np.random.default_rng(seed)
+    target = np.where(rng.random((N, N)) < 0.04, -1, 0).astype(np.int8)
+    obstacles = (rng.random((N, N)) < 0.2).astype(np.int8)
+    action = np.zeros((N, N), np.int8)
+    action[rng.random((N, N)) < 0.05] = -1  # dug tiles: blocked, and no longer targets
+    action[rng.random((N, N)) < 0.05] = 2  # dumped soil: blocked
+    expected = reference_field(target, action, obstacles)
+    got = np.asarray(field_jit(make_obs(target, action, obstacles)))
+    assert got.dtype == np.int32 and got.shape == (N, N)
+    np.testing.assert_array_equal(got, expected)
+    assert (expected == 0).any() and ((expected > 0) & (expected < FAR)).any()
+
+
+def test_a_wall_forces_a_detour_and_blocked_tiles_are_far():
+    target = np.zeros((N, N), np.int8)
+    target[8, 14] = -1
+    obstacles = np.zeros((N, N), np.int8)
+    obstacles[1:, 6] = 1  # a wall with its only gap at row 0
+    field = np.asarray(field_jit(make_obs(target, obstacles=obstacles)))
+    open_field = np.asarray(field_jit(make_obs(target)))
+    assert open_field[8, 2] == 9  # straight along row 8 to column 11 (3 tiles from 14)
+    assert field[8, 2] > open_field[8, 2]
+    assert field[8, 2] == reference_field(target, np.zeros_like(target), obstacles)[8, 2]
+    assert (field[obstacles == 1] == FAR).all()
+
+
+def test_without_undug_targets_nothing_is_reachable():
+    target = np.zeros((N, N), np.int8)
+    target[3, 3] = -1
+    action = np.zeros((N, N), np.int8)
+    action[3, 3] = -1  # the only target is dug already
+    field = np.asarray(field_jit(make_obs(target, action)))
+    assert (field == FAR).all()
+    features = np.asarray(features_jit(make_obs(target, action)))
+    assert features.shape == (NUM_FEATURES,)
+    assert features[0] == 1.0 and features[1] == 0.0  # far, not reachable
+
+
+@pytest.mark.parametrize("heading", [0, 3, 6, 9])
+def test_direction_zero_is_the_tile_ahead_of_the_base(heading):
+    target = np.zeros((N, N), np.int8)
+    target[8, 14] = -1  # east of the agent at (8, 4)
+    features = np.asarray(features_jit(make_obs(target, agent=(8, 4, heading))))
+    scaled_ahead, change = features[2:14], features[26:38]
+    step = direction_offsets()[heading]
+    field = np.asarray(field_jit(make_obs(target)))
+    assert scaled_ahead[0] == pytest.approx(field[8 + step[0], 4 + step[1]] / FAR)
+    # Towards the target (east) the distance falls: direction -heading points east.
+    east = (-heading) % 12
+    assert change[east] == -1.0 and change[(east + 6) % 12] == 1.0
+
+
+def test_leading_batch_dims_match_one_agent_at_a_time():
+    rng = np.random.default_rng(3)
+    targets = np.where(rng.random((2, 3, N, N)) < 0.05, -1, 0).astype(np.int8)
+    agents = np.stack([rng.integers(0, N, (2, 3)), rng.integers(0, N, (2, 3)),
+                       rng.integers(0, 12, (2, 3))], axis=-1)
+    batched = {
+        "target_map": jnp.asarray(targets),
+        "action_map": jnp.zeros((2, 3, N, N), jnp.int8),
+        "obstacles": jnp.zeros((2, 3, N, N), jnp.int8),
+        "agent_state": jnp.concatenate(
+            [jnp.asarray(agents, jnp.int32), jnp.zeros((2, 3, 3), jnp.int32)], axis=-1),
+    }
+    got = np.asarray(features_jit(batched))
+    assert got.shape == (2, 3, NUM_FEATURES) and np.isfinite(got).all()
+    for i in range(2):
+        for j in range(3):
+            single = features_jit(make_obs(targets[i, j], agent=tuple(agents[i, j])))
+            np.testing.assert_array_equal(got[i, j], np.asarray(single))
+
+
+def test_policy_with_dig_distance_adds_only_its_mlp():
+    obs = small.varied_observations()  # real reset observations of 4 envs
+    params = {}
+    for enabled in (False, True):
+        model = ExcavationPolicy(PolicyConfig("flat", 32, 32, compass=True,
+                                              dig_distance=enabled), 8)
+        params[enabled] = model.init(jax.random.PRNGKey(0), obs)
+        logits, value = model.apply(params[enabled], obs)
+        assert logits.shape == (4, 8) and value.shape == (4,)
+        assert np.isfinite(np.asarray(logits)).all() and np.isfinite(np.asarray(value)).all()
+    encoders = {flag: params[flag]["params"]["encoder"] for flag in params}
+    assert set(encoders[True]) - set(encoders[False]) == {"dig_distance_mlp"}
+    assert encoders[True]["dig_distance_mlp"]["Dense_0"]["kernel"].shape[0] == NUM_FEATURES
+    extra = count_parameters(params[True]) - count_parameters(params[False])
+    assert extra == count_parameters(encoders[True]["dig_distance_mlp"]) + 64 * 32
