@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.env import ExcavationEnv
-from envs.solver_planner import Planner, PlanState
+from envs.solver_planner import Planner
 from envs.state import EnvParams, EnvState
 
 
@@ -93,14 +93,7 @@ def solve(
     state = initial_state(env, params, map_index, agent_type, key)
     host = jax.device_get(state)
     planner = Planner(env.config, agent_type, host.target_map, host.obstacles)
-    agent = host.agent
-    start = PlanState(
-        host.action_map.ravel().astype(np.int8),
-        host.dumpability.ravel().astype(np.int8),
-        planner.node_of(agent.pos, agent.base_heading, agent.wheel_angle),
-        int(agent.cabin_heading),
-    )
-    plan = planner.plan(start, max_steps, plan_seed)
+    plan = planner.plan(planner.state_of(host), max_steps, plan_seed)
     actions, rewards, reason, completed = [], [], plan.reason, False
     for cycle, cycle_actions in zip(plan.cycles, plan.actions, strict=True):
         cycle_actions = cycle_actions[: max_steps - len(actions)]

@@ -133,6 +133,16 @@ class Planner:
         pose = (int(pos[0]) * self.size + int(pos[1])) * H + int(heading)
         return pose * self.graph.num_wheels + int(wheel) + self.graph.wheel_limit
 
+    def state_of(self, env_state) -> PlanState:
+        """The planner's view of an env state (on the host): flat maps, node, cabin."""
+        agent = env_state.agent
+        return PlanState(
+            np.asarray(env_state.action_map).ravel().astype(np.int8),
+            np.asarray(env_state.dumpability).ravel().astype(np.int8),
+            self.node_of(agent.pos, agent.base_heading, agent.wheel_angle),
+            int(agent.cabin_heading),
+        )
+
     # -- one cycle, simulated
 
     def simulate(self, action_map, dumpability, pose, take_arm):

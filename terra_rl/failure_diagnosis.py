@@ -22,11 +22,10 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from envs.actions import TRACKED_ACTION_NAMES, WHEELED, WHEELED_ACTION_NAMES
 from envs.solver import jitted_env_functions
-from envs.solver_planner import H, Planner, PlanState
+from envs.solver_planner import H, Planner
 from terra_rl.playback import TrainedPolicy
 
 CATEGORIES = (
@@ -60,11 +59,9 @@ class EpisodeDiagnosis:
 
 def judge_final_state(planner: Planner, state, plan_steps: int) -> tuple[str, int]:
     """(category, planner steps or -1) of a failed episode's final env state (on host)."""
-    agent = state.agent
-    action_map = np.asarray(state.action_map).ravel().astype(np.int8)
-    dumpability = np.asarray(state.dumpability).ravel().astype(np.int8)
-    node = planner.node_of(agent.pos, agent.base_heading, agent.wheel_angle)
-    load = int(agent.loaded)
+    start = planner.state_of(state)
+    action_map, dumpability, node = start.action_map, start.dumpability, start.node
+    load = int(state.agent.loaded)
     if load > 0:
         pose = planner.pose_of(node)
         if all(planner.dump(action_map, dumpability, pose, arm, load) is None
@@ -75,8 +72,7 @@ def judge_final_state(planner: Planner, state, plan_steps: int) -> tuple[str, in
         return "targets out of reach", -1
     if deficit:
         return "no dump space", -1
-    plan = planner.plan(PlanState(action_map, dumpability, node, int(agent.cabin_heading)),
-                        plan_steps, 0)
+    plan = planner.plan(start, plan_steps, 0)
     if plan.reason:
         return "planner gave up", -1
     return "stalled while solvable", sum(len(actions) for actions in plan.actions)
@@ -90,19 +86,18 @@ def diagnose_episode(trained: TrainedPolicy, map_index: int, agent_type: int, sa
     reset, step = jitted_env_functions(env)
     key, reset_key = jax.random.split(key)
     obs, state = reset(reset_key, params, jnp.int32(agent_type), jnp.int32(map_index))
-    actions, best, last_progress_step, done = [], -1, -1, False
-    for t in range(env.config.max_steps):
+    actions, done = [], False
+    for _ in range(env.config.max_steps):
         key, act_key, step_key = jax.random.split(key, 3)
         action = trained.act(act_key, obs, sample)
         obs, state, _, terminated, _, _ = step(step_key, state, action, params)
         actions.append(int(action))
-        progress = int(state.dig_tiles_done) - int(state.misplaced_soil)
-        if progress > best:
-            best, last_progress_step = progress, t
         if bool(terminated):
             done = True
             break
     host = jax.device_get(state)
+    # The env counts steps since the task potential's last new best (its stall clock).
+    last_progress_step = len(actions) - 1 - int(host.steps_since_progress)
     names = WHEELED_ACTION_NAMES if agent_type == WHEELED else TRACKED_ACTION_NAMES
     loop = collections.Counter(names[a] for a in actions[-LOOP_WINDOW:]).most_common(3)
     if done:

@@ -38,7 +38,7 @@ from envs.env import ExcavationEnv  # noqa: E402
 from envs.maps import generate_maps  # noqa: E402
 from envs.params import params_from_maps  # noqa: E402
 from envs.solver import jitted_env_functions  # noqa: E402
-from envs.solver_planner import Planner, PlanState  # noqa: E402
+from envs.solver_planner import Planner  # noqa: E402
 from terra_rl.config import get_preset, resolve  # noqa: E402
 from terra_rl.failure_diagnosis import diagnose_episode, summarize  # noqa: E402
 from terra_rl.models import make_policy  # noqa: E402
@@ -76,12 +76,7 @@ def plan_from(env, state, max_steps: int = 1000) -> list[int] | None:
     """The planner's actions from `state` to the end of the task, or None if it gives up."""
     host = jax.device_get(state)
     planner = Planner(env.config, TRACKED, host.target_map, host.obstacles)
-    agent = host.agent
-    start = PlanState(host.action_map.ravel().astype(np.int8),
-                      host.dumpability.ravel().astype(np.int8),
-                      planner.node_of(agent.pos, agent.base_heading, agent.wheel_angle),
-                      int(agent.cabin_heading))
-    plan = planner.plan(start, max_steps, 0)
+    plan = planner.plan(planner.state_of(host), max_steps, 0)
     return None if plan.reason else [a for actions in plan.actions for a in actions]
 
 
