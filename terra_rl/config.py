@@ -16,7 +16,7 @@ from typing import Any
 
 from envs.dataset import DatasetError
 from envs.params import dataset_from_environment
-from terra_rl.models import IMAGE_ENCODERS, MAP_ENCODERS
+from terra_rl.models import GYMNAX_ACTIVATIONS, IMAGE_ENCODERS, MAP_ENCODERS
 from terra_rl.precision import PRECISIONS
 
 CONV_IMPLS = ("auto", "lax", "patches")
@@ -104,8 +104,11 @@ class TrainConfig:
     separate_actor_critic_trunks: bool = False
     image_encoder: str = "cnn"
     """Gymnax image observations (MinAtar): cnn (a conv 16 3x3 + Dense 64) or mlp (the 2 x
-    64 tanh MLP over the flattened image; several times faster on CPU, and the standard-task
-    table's MinAtar network, docs/RESULTS.md)."""
+    64 MLP over the flattened image; several times faster on CPU, and, with relu, the
+    standard-task table's MinAtar network, docs/RESULTS.md)."""
+    gymnax_activation: str = "tanh"
+    """Hidden activation of the gymnax MLP (vector observations, and image observations with
+    --image_encoder mlp): tanh or relu (the standard-task table's MinAtar network)."""
     conv_impl: str = "auto"
     """How convolutions run: lax (`lax.conv`), patches (image patches times the kernel
     matrix, the same parameters), or auto: patches on CPU, where a `lax.conv` gradient
@@ -334,6 +337,7 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         ("lr_schedule", LR_SCHEDULES),
         ("conv_impl", CONV_IMPLS),
         ("image_encoder", IMAGE_ENCODERS),
+        ("gymnax_activation", GYMNAX_ACTIVATIONS),
         ("wandb_mode", WANDB_MODES),
     )
     for name, allowed in choices:

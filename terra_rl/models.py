@@ -29,6 +29,7 @@ from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
 MAP_ENCODERS = ("atari", "resnet", "flat", "none")
 IMAGE_ENCODERS = ("cnn", "mlp")
+GYMNAX_ACTIVATIONS = ("tanh", "relu")
 EXCAVATION_OBS_KEYS = frozenset(
     {
         "agent_state",
@@ -74,6 +75,8 @@ class PolicyConfig:
     image_encoder: str = "cnn"
     """Gymnax image observations [H, W, C]: "cnn" (`GymnaxCNNPolicy`) or "mlp" (the
     vector MLP over the flattened image)."""
+    gymnax_activation: str = "tanh"
+    """The activation of `GymnaxMLPPolicy`'s hidden layers: "tanh" or "relu"."""
 
     def __post_init__(self) -> None:
         if self.map_encoder not in MAP_ENCODERS:
@@ -88,6 +91,11 @@ class PolicyConfig:
         if self.image_encoder not in IMAGE_ENCODERS:
             raise ValueError(
                 f"image_encoder must be one of {IMAGE_ENCODERS}, got {self.image_encoder!r}"
+            )
+        if self.gymnax_activation not in GYMNAX_ACTIVATIONS:
+            raise ValueError(
+                f"gymnax_activation must be one of {GYMNAX_ACTIVATIONS}, "
+                f"got {self.gymnax_activation!r}"
             )
         if self.egocentric_radius < 0:
             raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
@@ -377,14 +385,15 @@ class ExcavationPolicy(nn.Module):
 
 
 class GymnaxMLPPolicy(nn.Module):
-    """Separate actor and critic tanh MLPs: obs [B, D] -> logits [B, A], value [B]. With
-    `flatten_image`, obs [B, H, W, C] is flattened to [B, H * W * C] first (MinAtar without
-    convolutions)."""
+    """Separate actor and critic MLPs (tanh, or relu with `activation="relu"`): obs [B, D] ->
+    logits [B, A], value [B]. With `flatten_image`, obs [B, H, W, C] is flattened to
+    [B, H * W * C] first (MinAtar without convolutions)."""
 
     num_actions: int
     hidden_dims: Sequence[int] = (GYMNAX_HIDDEN_DIM, GYMNAX_HIDDEN_DIM)
     precision: str = "float32"
     flatten_image: bool = False
+    activation: str = "tanh"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -392,8 +401,8 @@ class GymnaxMLPPolicy(nn.Module):
         if self.flatten_image:
             obs = obs.reshape(*obs.shape[:-3], -1)
         x = obs.astype(dtype)
-        actor = _Mlp(self.hidden_dims, dtype, "tanh", name="actor_encoder")(x)
-        critic = _Mlp(self.hidden_dims, dtype, "tanh", name="critic_encoder")(x)
+        actor = _Mlp(self.hidden_dims, dtype, self.activation, name="actor_encoder")(x)
+        critic = _Mlp(self.hidden_dims, dtype, self.activation, name="critic_encoder")(x)
         return _heads(actor, critic, self.num_actions)
 
 
@@ -439,8 +448,8 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
     A dict with the excavation keys -> `ExcavationPolicy`; an array [B, D] ->
     `GymnaxMLPPolicy`; an array [B, H, W, C] -> `GymnaxCNNPolicy`, or with
     `image_encoder="mlp"` the MLP over the flattened image. The gymnax nets take only
-    `precision`, `conv_as_matmul` and `image_encoder` from `config` (their widths are the
-    usual 64).
+    `precision`, `conv_as_matmul`, `image_encoder` and `gymnax_activation` from `config`
+    (their widths are the usual 64).
     """
     if num_actions < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
@@ -450,10 +459,10 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
             raise ValueError(f"dict observation lacks excavation keys {sorted(missing)}")
         return ExcavationPolicy(config, num_actions)
     per_env_ndim = np.ndim(example_obs) - 1
-    if per_env_ndim == 1:
-        return GymnaxMLPPolicy(num_actions, precision=config.precision)
-    if per_env_ndim == 3 and config.image_encoder == "mlp":
-        return GymnaxMLPPolicy(num_actions, precision=config.precision, flatten_image=True)
+    if per_env_ndim == 1 or (per_env_ndim == 3 and config.image_encoder == "mlp"):
+        return GymnaxMLPPolicy(num_actions, precision=config.precision,
+                               flatten_image=per_env_ndim == 3,
+                               activation=config.gymnax_activation)
     if per_env_ndim == 3:
         return GymnaxCNNPolicy(num_actions, precision=config.precision,
                                conv_as_matmul=config.conv_as_matmul)

@@ -32,7 +32,8 @@ BASE_FLAGS = (
     "--updates_per_dispatch", "16",
 )
 """Flags shared by every task: cpu_demo's float32, no excavation features. The network is
-the 2 x 64 tanh MLP (over the flattened image for MinAtar, `--image_encoder mlp`)."""
+the 2 x 64 MLP: tanh, relu over the flattened image for MinAtar (`--image_encoder mlp
+--gymnax_activation relu`, as PureJaxRL runs MinAtar)."""
 
 
 def _ppo(envs: int, steps: int, epochs: int, minibatches: int, lr: float, gamma: float,
@@ -45,9 +46,10 @@ def _ppo(envs: int, steps: int, epochs: int, minibatches: int, lr: float, gamma:
 
 
 # MinAtar: gymnax-blines' shape (64 envs x 128 steps, 4 epochs x 8 minibatches) at
-# PureJaxRL's MinAtar learning rate, 5e-3 annealed linearly, and gamma 0.99; at
+# PureJaxRL's MinAtar learning rate, 5e-3 annealed linearly, gamma 0.99 and relu; at
 # gymnax-blines' 5e-4 and 0.999 PPO sat at 6-11 on Breakout (docs/RESULTS.md).
-_MINATAR = (*_ppo(64, 128, 4, 8, 5e-3, 0.99, 0.01, 0.5, "linear"), "--image_encoder", "mlp")
+_MINATAR = (*_ppo(64, 128, 4, 8, 5e-3, 0.99, 0.01, 0.5, "linear"),
+            "--image_encoder", "mlp", "--gymnax_activation", "relu")
 TASKS: dict[str, StandardTask] = {
     "CartPole-v1": StandardTask("gymnax:CartPole-v1", 150_000, 500.0,
                                 _ppo(8, 32, 4, 4, 5e-4, 0.99, 0.01, 0.5)),

@@ -180,6 +180,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         dig_distance=config.use_dig_distance,
         egocentric_radius=config.egocentric_radius,
         image_encoder=config.image_encoder,
+        gymnax_activation=config.gymnax_activation,
         conv_as_matmul=config.conv_impl == "patches"
         or (config.conv_impl == "auto" and jax.default_backend() == "cpu"),
     )

@@ -43,6 +43,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
                                       "--out-dir"),
     "conv impl": (TRAIN, ["--conv_impl", "cudnn"], "--conv_impl must be one of"),
     "image encoder": (TRAIN, ["--image_encoder", "vit"], "--image_encoder must be one of"),
+    "gymnax activation": (TRAIN, ["--gymnax_activation", "gelu"],
+                          "--gymnax_activation must be one of"),
     "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "0"],
                              "--updates_per_dispatch must be >= 1, got 0"),
     "below one update": (TRAIN, ["--total_timesteps", "1000"], "less than one update"),

@@ -261,6 +261,34 @@ def test_image_observations_get_a_flat_mlp_with_image_encoder_mlp():
     np.testing.assert_array_equal(value, flat_value)
 
 
+def test_gymnax_activation_relu_changes_the_hidden_layers_only():
+    """`gymnax_activation="relu"`: the same parameters as tanh; the hidden layers are relu
+    (the network equals a hand-written relu MLP), so the outputs differ from tanh's."""
+    obs = jax.random.normal(jax.random.PRNGKey(0), (6, 4))
+    relu = make_policy(PolicyConfig(gymnax_activation="relu"), 3, obs)
+    tanh = make_policy(PolicyConfig(), 3, obs)
+    assert relu.activation == "relu" and tanh.activation == "tanh"
+    params = relu.init(jax.random.PRNGKey(1), obs)["params"]
+    assert jax.tree.structure(params) == jax.tree.structure(
+        tanh.init(jax.random.PRNGKey(1), obs)["params"])
+    logits, value = relu.apply({"params": params}, obs)
+
+    def mlp(name, x):
+        for layer in ("Dense_0", "Dense_1"):
+            x = np.maximum(x @ params[name][layer]["kernel"] + params[name][layer]["bias"], 0)
+        return x
+
+    head = params["policy_head"]
+    np.testing.assert_allclose(logits, mlp("actor_encoder", obs) @ head["kernel"] + head["bias"],
+                               rtol=1e-5, atol=1e-5)
+    head = params["value_head"]
+    np.testing.assert_allclose(value, (mlp("critic_encoder", obs) @ head["kernel"]
+                                       + head["bias"])[:, 0], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(logits, tanh.apply({"params": params}, obs)[0])
+    with pytest.raises(ValueError, match="gymnax_activation must be one of"):
+        PolicyConfig(gymnax_activation="gelu")
+
+
 def test_make_policy_picks_the_excavation_policy(obs4):
     config = PolicyConfig(map_encoder="resnet")
     model = make_policy(config, NUM_ACTIONS, obs4)

@@ -1,16 +1,19 @@
-"""GAE by hand, the PPO loss against a plain NumPy reference, the entropy schedule. (GAE
+"""GAE by hand, the PPO loss against a plain NumPy reference, the entropy schedule, the
+minibatch split. (GAE
 against its NumPy reference and the action mask are validation gates: tests/test_validation.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from terra_rl import ppo
 from terra_rl.config import get_preset
+from terra_rl.update import shuffled_minibatches
 from terra_rl.validation.references import GAE_GAMMA, GAE_LAMBDA, jax_gae
 from terra_rl.validation.references import hand_built_gae_inputs as hand_built
 
@@ -88,3 +91,27 @@ def test_entropy_schedule_values():
     assert coef(1000) > coef(2000) > coef(3000)
     constant = dataclasses.replace(config, ent_coef_decay_updates=0)
     assert float(ppo.entropy_coefficient(constant, jnp.int32(5))) == pytest.approx(0.005)
+
+
+def test_minibatches_are_shuffled_single_transitions():
+    steps, envs, minibatches = 8, 16, 4
+    ids = np.arange(steps * envs, dtype=np.int32).reshape(steps, envs)  # id = t * envs + n
+    batch = {"id": jnp.asarray(ids), "obs": {"pair": jnp.stack([ids, -ids], axis=-1)}}
+    split = shuffled_minibatches(batch, jax.random.PRNGKey(0), minibatches)
+    got = np.asarray(split["id"])
+    assert got.shape == (minibatches, steps * envs // minibatches)
+    assert split["obs"]["pair"].shape == (minibatches, steps * envs // minibatches, 2)
+    # Every transition exactly once, and the leaves of one transition stay together.
+    np.testing.assert_array_equal(np.sort(got.ravel()), ids.ravel())
+    np.testing.assert_array_equal(np.asarray(split["obs"]["pair"])[..., 0], got)
+    np.testing.assert_array_equal(np.asarray(split["obs"]["pair"])[..., 1], -got)
+    # Not whole env trajectories: each minibatch mixes transitions of more envs than
+    # envs / minibatches, and no minibatch holds all the steps of one env.
+    for row in got:
+        env_of, step_of = row % envs, row // envs
+        assert len(set(env_of.tolist())) > envs // minibatches
+        assert max(np.bincount(env_of, minlength=envs)) < steps
+        assert len(set(step_of.tolist())) > 1
+    # Another key, another order.
+    other = np.asarray(shuffled_minibatches(batch, jax.random.PRNGKey(1), minibatches)["id"])
+    assert not np.array_equal(other, got)

@@ -35,6 +35,9 @@ def test_every_task_resolves_to_a_valid_config_at_its_budget(name, tmp_path):
     if name.endswith("-MinAtar"):  # PureJaxRL's MinAtar settings, the flattened-image MLP
         assert config.image_encoder == "mlp" and config.lr_schedule == "linear"
         assert config.lr == 5e-3 and config.gamma == 0.99
+        assert config.gymnax_activation == "relu"
+    else:
+        assert config.gymnax_activation == "tanh"
     assert config.wandb_mode == "disabled" and config.precision == "float32"
 
 
