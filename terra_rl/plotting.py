@@ -4,7 +4,8 @@
 A run's curve of a metric is its values against env steps, the last record winning where an
 update was logged twice (a run resumed by an older version, before resumes cut
 `metrics.jsonl` back to their checkpoint). Runs whose configs differ only in the seed (and
-in names and paths) form one group, drawn as the mean over seeds with a shaded min-max band.
+in names and paths) form one group, drawn as the mean over seeds with a shaded min-max band;
+a field missing from an older run's config counts as its default.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from terra_rl.config import TrainConfig
 from terra_rl.logger import read_metrics
 from terra_rl.run_dir import CONFIG_FILE, METRICS_FILE
 
@@ -91,12 +93,22 @@ def load_run(run_dir: str | Path) -> Run:
     return Run(config.get("run_name") or run_dir.name, config, curves, actions)
 
 
+def _config_defaults() -> dict:
+    """`TrainConfig`'s field defaults as `config.json` writes them (tuples as lists)."""
+    return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
+            for f in dataclasses.fields(TrainConfig)
+            if f.default is not dataclasses.MISSING}
+
+
 def group_runs(runs: Sequence[Run]) -> list[Group]:
-    """Runs of one experiment (configs equal but for `NOT_THE_EXPERIMENT`) together, in the
-    order of their first run; a group of several is labelled with its seeds."""
+    """Runs of one experiment (configs equal but for `NOT_THE_EXPERIMENT`, a field added
+    since an older run counting as its default) together, in the order of their first run;
+    a group of several is labelled with its seeds."""
+    defaults = _config_defaults()
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        key = json.dumps({k: v for k, v in run.config.items() if k not in NOT_THE_EXPERIMENT},
+        config = {**defaults, **run.config}
+        key = json.dumps({k: v for k, v in config.items() if k not in NOT_THE_EXPERIMENT},
                          sort_keys=True) if run.config else run.name
         groups.setdefault(key, []).append(run)
     out = []

@@ -64,6 +64,21 @@ def test_seed_groups_bands_and_last_record_wins(runs):
     assert seed_band(groups[1].runs, "eval_sampled/completion_rate") is None
 
 
+def test_a_field_added_since_an_older_run_counts_as_its_default(tmp_path):
+    """A run from before `gymnax_activation` existed groups with a newer run that records
+    the default, not with one that records another value."""
+    old = write_run(tmp_path, "old_s0", 0, 1e-3, records([0.0, 0.2], [2.0, 1.5]))
+    paths = [old]
+    for name, seed, activation in (("new_s1", 1, "tanh"), ("relu_s2", 2, "relu")):
+        path = write_run(tmp_path, name, seed, 1e-3, records([0.0, 0.3], [2.0, 1.4]))
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config,
+                                                      "gymnax_activation": activation}))
+        paths.append(path)
+    groups = group_runs([load_run(path) for path in paths])
+    assert [g.label for g in groups] == ["old_s0 (2 seeds: 0,1)", "relu_s2"]
+
+
 def test_script_writes_a_png_with_the_panels_that_have_data(runs, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("plot_metrics", SCRIPT)
     script = importlib.util.module_from_spec(spec)
