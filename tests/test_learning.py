@@ -6,9 +6,10 @@ square. Every fourth tile position is held out for evaluation, the others are tr
 agent spawns anywhere in the square and must find the tile, dig, turn and dump.
 
 Measured (docs/RESULTS.md), compass on, entropy coefficient 0.03, 4 epochs x 4 minibatches,
-the learning rate annealed linearly to 0 at the last update: after 160 updates 12, 12, 13
-and 13 of the 13 held-out maps on seeds 0-3, and 12-13 at updates 120, 140 and 160 on every
-seed. The previous form of this test (100 updates, the learning rate annealed over twice as
+the learning rate annealed linearly to 0 at the last update, minibatches of single
+transitions: after 160 updates 12, 12, 13 and 13 of the 13 held-out maps on seeds 0-3, and
+12-13 from update 100 on, on every seed (with whole-trajectory minibatches, from update
+120). The previous form of this test (100 updates, the learning rate annealed over twice as
 many, so still at half at the end) ended at 12/13 on seeds 0 and 1, 10/13 on seed 2, and at
 11/13 on seed 0 on a fresh machine (different XLA numerics): the policy was still moving.
 With 2 epochs x 2 minibatches (4 optimizer steps per update, approx KL about 0.001) 100
