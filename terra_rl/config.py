@@ -308,9 +308,11 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
             f"--num_devices {c.num_devices} asked but {num_local_devices} local device(s) are "
             "present; lower --num_devices or leave it at 0 for all devices"
         )
-    if c.num_envs_per_device % c.num_minibatches:
+    transitions = c.num_steps * c.num_envs_per_device
+    if transitions % c.num_minibatches:
         raise ConfigError(
-            f"--num_envs_per_device {c.num_envs_per_device} is not divisible into "
+            f"a rollout of --num_steps {c.num_steps} x --num_envs_per_device "
+            f"{c.num_envs_per_device} = {transitions} transitions is not divisible into "
             f"--num_minibatches {c.num_minibatches}; pick a divisor"
         )
     if c.eval_episodes % c.num_devices:

@@ -81,7 +81,7 @@ def test_flags_override_preset_fields():
 @pytest.mark.parametrize(
     "change, fragment",
     [
-        (dict(num_envs_per_device=100, num_minibatches=16), "not divisible"),
+        (dict(num_envs_per_device=100, num_minibatches=7), "3200 transitions is not divisible"),
         (dict(num_devices=8), "local device"),
         (dict(eval_episodes=10, num_devices=4), "eval_episodes"),
         (dict(precision="float8"), "--precision"),
@@ -99,6 +99,15 @@ def test_invalid_configs_give_one_line_errors(change, fragment):
         validate(config, 4)
     message = str(error.value)
     assert fragment in message and "\n" not in message
+
+
+def test_minibatches_need_only_the_rollout_to_divide():
+    """Minibatches are single transitions: 6 envs x 32 steps split into 4 minibatches of 48,
+    though 6 envs do not divide by 4."""
+    config = dataclasses.replace(get_preset("cpu_demo"), num_envs_per_device=6,
+                                 num_minibatches=4, eval_episodes=6)
+    validate(config, 1)
+    assert config.minibatch_size == 48
 
 
 def test_resolve_fills_devices_and_dataset_from_environment(monkeypatch):
@@ -132,7 +141,7 @@ def test_cli_help_lists_every_field_with_preset_values():
     "args, fragment",
     [
         (["--bogus_flag", "1"], "unrecognized arguments"),
-        (["--num_envs_per_device", "100"], "not divisible"),
+        (["--num_minibatches", "3"], "transitions is not divisible"),
         (["--num_devices", "64"], "local device"),
         (["--config", "no_such_preset"], "invalid choice"),
         (["--resume", "/nonexistent/run"], "/nonexistent/run"),
