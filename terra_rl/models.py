@@ -79,23 +79,15 @@ class PolicyConfig:
     """The activation of `GymnaxMLPPolicy`'s hidden layers: "tanh" or "relu"."""
 
     def __post_init__(self) -> None:
-        if self.map_encoder not in MAP_ENCODERS:
-            raise ValueError(f"map_encoder must be one of {MAP_ENCODERS}, got {self.map_encoder!r}")
+        choices = (("map_encoder", MAP_ENCODERS), ("precision", PRECISIONS),
+                   ("image_encoder", IMAGE_ENCODERS), ("gymnax_activation", GYMNAX_ACTIVATIONS))
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.map_feature_dim < 1 or self.hidden_dim < 1:
             raise ValueError(
                 f"map_feature_dim and hidden_dim must be >= 1, got {self.map_feature_dim}, "
                 f"{self.hidden_dim}"
-            )
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if self.image_encoder not in IMAGE_ENCODERS:
-            raise ValueError(
-                f"image_encoder must be one of {IMAGE_ENCODERS}, got {self.image_encoder!r}"
-            )
-        if self.gymnax_activation not in GYMNAX_ACTIVATIONS:
-            raise ValueError(
-                f"gymnax_activation must be one of {GYMNAX_ACTIVATIONS}, "
-                f"got {self.gymnax_activation!r}"
             )
         if self.egocentric_radius < 0:
             raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
