@@ -88,6 +88,29 @@ class EnvConfig:
     after this many steps without a new best of the task potential. For training: a policy
     caught in a loop restarts on a fresh map instead of filling the batch with the loop.
     Evaluation keeps the full `max_steps`."""
+    drivable_soil_height: int = 1
+    """Dumped soil up to this height can be driven over; higher piles and dug tiles block the
+    base. 1 follows Terra, where loose soil one unit high is traversable; 0 makes every soil
+    tile block (the rule until 2026-11-24, under which a policy walled itself in with its own
+    dumps: docs/RESULTS.md)."""
+    dig_before_pickup: bool = True
+    """DO with an empty bucket digs the undug targets in reach and picks up soil only where
+    there are none. False picks soil up first (the rule until 2026-11-24), so soil dumped
+    beside a target hides it until moved."""
+    pickup_misplaced_only: bool = True
+    """DO picks up only misplaced soil: soil outside the dump zones of a map that has them.
+    Soil on a zone, or anywhere on a map without zones, stays where it was dumped, as no
+    progress comes from moving it (False: any soil in reach, the rule until 2026-11-24)."""
+    mask_dead_end_digs: bool = True
+    """Mask a DO that would dig where, afterwards, no arm heading of the pose reaches a tile
+    to dump on: a loaded excavator cannot move, so the episode could never be finished."""
+    revisit_memory: int = 128
+    """With > 0, the action mask forbids a move, base, wheel or cabin turn that returns to
+    one of the last `revisit_memory` poses since the last dig or dump, and a DO that would
+    pick soil up right after a dump. Between two DOs the map does not change, so such an
+    action repeats a state, which no shortest plan does; masking it breaks the loops a greedy
+    policy otherwise falls into (FORWARD-BACKWARD, a cabin spinning round). Where it would
+    leave no action, the mask falls back to its other rules. 0 turns it off."""
     mask_do_nothing: bool = True
     """Mask DO_NOTHING in the action mask. Nothing else in the world moves, so waiting never
     helps; a policy unsure of its next move otherwise learns to wait out the episode (56% of
@@ -101,6 +124,12 @@ class EnvConfig:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if not 0.0 <= self.wheeled_fraction <= 1.0:
             raise ValueError(f"wheeled_fraction must be in [0, 1], got {self.wheeled_fraction}")
+        if self.drivable_soil_height < 0:
+            raise ValueError(
+                f"drivable_soil_height must be >= 0, got {self.drivable_soil_height}"
+            )
+        if self.revisit_memory < 0:
+            raise ValueError(f"revisit_memory must be >= 0, got {self.revisit_memory}")
         if self.stall_steps < 0:
             raise ValueError(f"stall_steps must be >= 0, got {self.stall_steps}")
         if self.wheel_angle_limit < 0 or self.spawn_candidates < 1:

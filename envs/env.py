@@ -154,6 +154,7 @@ class ExcavationEnv:
             best_progress=dig_tiles_done - misplaced_soil,
             steps_since_progress=zero,
             last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
+            recent_poses=self._fresh_memory(self.pose_code(agent)),
             age=jnp.asarray(age, jnp.int32),
             map_index=jnp.asarray(map_index, jnp.int32),
             curriculum=curriculum,
@@ -215,7 +216,7 @@ class ExcavationEnv:
         is_base_turn = ~is_wheeled & ((action == A.CLOCK) | (action == A.ANTICLOCK))
         is_wheel_turn = is_wheeled & ((action == A.WHEELS_LEFT) | (action == A.WHEELS_RIGHT))
         is_base_action = is_drive | is_base_turn
-        traversable = (w_obstacles == 0) & (w_action == 0)
+        traversable = self._traversable(w_obstacles, w_action)
         pose_ok = self._pose_is_free(window, traversable, agent.pos, delta, cand_heading)
         moved = is_base_action & ~is_loaded & pose_ok
         collided = is_base_action & ~is_loaded & ~pose_ok
@@ -223,7 +224,10 @@ class ExcavationEnv:
 
         # DO from the pre-step pose (a DO never moves the base).
         workspace = self._workspace(agent, window, w_obstacles)
-        dig = excavation.dig_and_dump(workspace, w_target, w_action, w_dump, agent.loaded)
+        pickable = self._pickable(state.has_dump_zones, w_target)
+        dig = excavation.dig_and_dump(
+            workspace, w_target, w_action, w_dump, agent.loaded, cfg.dig_before_pickup, pickable
+        )
         is_do = action == A.DO
         digging = is_do & ~is_loaded
         dumping = is_do & is_loaded
@@ -263,6 +267,12 @@ class ExcavationEnv:
             (dig_tiles_done >= state.dig_tiles_total) & (misplaced_soil == 0) & (new_loaded == 0)
         )
         age = state.age + 1
+        code = self.pose_code(new_agent)
+        recent_poses = jnp.where(
+            is_do & do_effect,  # the map changed: every earlier state is out of reach
+            self._fresh_memory(code),
+            jnp.concatenate([code[None], state.recent_poses[:-1]]),
+        )
         progress = dig_tiles_done - misplaced_soil
         steps_since_progress = jnp.where(
             progress > state.best_progress, 0, state.steps_since_progress + 1
@@ -293,6 +303,7 @@ class ExcavationEnv:
             best_progress=jnp.maximum(state.best_progress, progress),
             steps_since_progress=steps_since_progress,
             last_actions=jnp.concatenate([action[None], state.last_actions[:-1]]),
+            recent_poses=recent_poses,
             age=age,
             curriculum=self.update_curriculum(state.curriculum, task_done, truncated),
         )
@@ -332,6 +343,36 @@ class ExcavationEnv:
         new_wheel = jnp.clip(agent.wheel_angle + wheel_change, -limit, limit)
         return delta.astype(jnp.int32), heading, new_wheel
 
+    def pose_code(self, agent: AgentState, delta=0, heading=None, cabin=None, wheel=None):
+        """int32 []: one number per (row, col, base heading, cabin heading, wheel angle) of
+        `agent`, with the given parts replaced (`delta` added to the position)."""
+        pos = jnp.asarray(agent.pos) + delta
+        heading = agent.base_heading if heading is None else heading
+        cabin = agent.cabin_heading if cabin is None else cabin
+        wheel = agent.wheel_angle if wheel is None else wheel
+        limit = self.config.wheel_angle_limit
+        code = pos[0] * self.config.map_size + pos[1]
+        code = (code * geo.NUM_HEADINGS + heading) * geo.NUM_HEADINGS + cabin % geo.NUM_HEADINGS
+        return (code * (2 * limit + 1) + wheel + limit).astype(jnp.int32)
+
+    def _fresh_memory(self, code) -> jax.Array:
+        """int32 [R]: the revisit memory holding only `code`."""
+        size = max(1, self.config.revisit_memory)
+        return jnp.full((size,), -1, jnp.int32).at[0].set(code)
+
+    def _pickable(self, has_dump_zones, w_target):
+        """bool [W, W] (or True): tiles soil may be picked up from. With
+        `EnvConfig.pickup_misplaced_only` only soil outside the zones of a map with zones."""
+        if not self.config.pickup_misplaced_only:
+            return True
+        return has_dump_zones & (w_target != 1)
+
+    def _traversable(self, w_obstacles, w_action) -> jax.Array:
+        """bool [W, W]: tiles the base may cover: no obstacle, not dug, and soil no higher
+        than `EnvConfig.drivable_soil_height`."""
+        height = self.config.drivable_soil_height
+        return (w_obstacles == 0) & (w_action >= 0) & (w_action <= height)
+
     def _pose_is_free(self, window, traversable, pos, delta, heading) -> jax.Array:
         """bool []: the footprint at pos + delta with `heading` is on the map and free."""
         covered = geo.footprint_mask(self.config, window.shifted(delta), heading)
@@ -346,6 +387,24 @@ class ExcavationEnv:
             arm_sector = geo.sector_masks(self.config, window, arm)
         under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
         return arm_sector & ~under_agent & (w_obstacles == 0)
+
+    def _dig_is_dead_end(
+        self, agent, window, sectors, workspace, w_target, w_action, w_obstacles, w_dump,
+        pickable,
+    ) -> jax.Array:
+        """bool []: DO with the empty bucket would dig, and afterwards no arm heading of this
+        pose reaches a tile to dump on. A loaded excavator cannot move, so the load could
+        never be dumped and the task never finished. (A pick-up frees its own tiles.)"""
+        cfg = self.config
+        dig = excavation.dig_and_dump(
+            workspace, w_target, w_action, w_dump, 0, cfg.dig_before_pickup, pickable
+        )
+        digs = ~excavation.picks_up(workspace, w_target, w_action, cfg.dig_before_pickup,
+                                    pickable)
+        under_agent = geo.footprint_mask(cfg, window, agent.base_heading)
+        reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+        after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
+        return digs & ~jnp.any(after)
 
     def update_curriculum(self, curriculum: CurriculumState, success, timeout):
         spec = self.config.curriculum
@@ -385,9 +444,25 @@ class ExcavationEnv:
         return self._observe(state, window, *layers)
 
     def action_mask(self, state: EnvState) -> jax.Array:
-        """bool [8]: True where the action would change the state; DO_NOTHING unless
-        `EnvConfig.mask_do_nothing`."""
+        """bool [8]: `obs["action_mask"]` of `state`: the actions that would change the state
+        (`valid_actions`), less dead-end digs and returns to a recent pose (see `EnvConfig`)."""
         return self.observation(state)["action_mask"]
+
+    def valid_actions(self, state: EnvState) -> jax.Array:
+        """bool [8]: True where the action would change the state; DO_NOTHING unless
+        `EnvConfig.mask_do_nothing`. The action mask before its dead-end and revisit rules."""
+        window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)
+        arm = (state.agent.base_heading + state.agent.cabin_heading) % geo.NUM_HEADINGS
+        arm_headings = (arm + jnp.arange(geo.NUM_HEADINGS)) % geo.NUM_HEADINGS
+        layers = [
+            geo.crop(layer, window)
+            for layer in (state.target_map, state.action_map, state.obstacles, state.dumpability)
+        ]
+        return self._action_mask(
+            state.agent, window, geo.sector_masks(self.config, window, arm_headings), *layers,
+            state.last_actions[0], state.recent_poses, state.has_dump_zones,
+            valid_only=True,
+        )
 
     def episode_progress(self, state: EnvState) -> jax.Array:
         """float32 []: fraction of the dig target done, 0..1."""
@@ -413,7 +488,8 @@ class ExcavationEnv:
         local_maps = jnp.einsum("hij,lij->hl", sectors.astype(jnp.float32), layers)
         if cfg.compute_action_mask:
             mask = self._action_mask(
-                agent, window, sectors[0], w_target, w_action, w_obstacles, w_dump
+                agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
+                state.last_actions[0], state.recent_poses, state.has_dump_zones,
             )
         else:
             mask = jnp.ones((A.NUM_ACTIONS,), bool)
@@ -439,30 +515,72 @@ class ExcavationEnv:
             "action_mask": mask,
         }
 
-    def _action_mask(self, agent, window, arm_sector, w_target, w_action, w_obstacles, w_dump):
-        """Analytic mask: four footprint checks and the DO preconditions, no simulation."""
+    def _action_mask(
+        self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
+        last_action, recent_poses, has_dump_zones, valid_only=False,
+    ):
+        """Analytic mask, no simulation: four footprint checks and the DO preconditions
+        (with `valid_only`, only these: the actions that would change the state), then the
+        dead-end digs (`EnvConfig.mask_dead_end_digs`) and the returns to a recent pose
+        (`EnvConfig.revisit_memory`)."""
+        cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
-        traversable = (w_obstacles == 0) & (w_action == 0)
+        traversable = self._traversable(w_obstacles, w_action)
         base_actions = jnp.arange(4, dtype=jnp.int32)
-        deltas, headings, _ = jax.vmap(lambda a: self._candidate_pose(agent, a))(base_actions)
+        deltas, headings, wheels = jax.vmap(lambda a: self._candidate_pose(agent, a))(
+            base_actions
+        )
         pose_free = jax.vmap(lambda d, h: self._pose_is_free(window, traversable, agent.pos, d, h))(
             deltas, headings
         )
         base_ok = pose_free & ~is_loaded
-        limit = self.config.wheel_angle_limit
+        limit = cfg.wheel_angle_limit
         wheels_ok = jnp.stack([agent.wheel_angle < limit, agent.wheel_angle > -limit])
         turns_ok = jnp.where(is_wheeled, wheels_ok, base_ok[2:])
 
-        workspace = self._workspace(agent, window, w_obstacles, arm_sector)
+        workspace = self._workspace(agent, window, w_obstacles, sectors[0])
+        pickable = self._pickable(has_dump_zones, w_target)
         can_dig = jnp.any(
-            excavation.soil_in_reach(workspace, w_action)
+            excavation.soil_in_reach(workspace, w_action, pickable)
             | excavation.diggable(workspace, w_target, w_action)
         )
         can_dump = jnp.any(excavation.dumpable(workspace, w_target, w_action, w_dump))
         do_ok = jnp.where(is_loaded, can_dump, can_dig)
         true = jnp.ones((), bool)
-        wait_ok = jnp.asarray(not self.config.mask_do_nothing)
-        return jnp.stack(
+        wait_ok = jnp.asarray(not cfg.mask_do_nothing)
+        mask = jnp.stack(
             [base_ok[0], base_ok[1], turns_ok[0], turns_ok[1], true, true, do_ok, wait_ok]
         )
+        if valid_only:
+            return mask
+        if cfg.mask_dead_end_digs:  # the cabin turns stay allowed
+            dead_end = ~is_loaded & self._dig_is_dead_end(
+                agent, window, sectors, workspace, w_target, w_action, w_obstacles, w_dump,
+                pickable,
+            )
+            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(dead_end, A.DO, -1))
+        if not cfg.revisit_memory:
+            return mask
+        # Where each action leads: the four base actions, then the two cabin turns.
+        wheels = jnp.where(is_wheeled, wheels, agent.wheel_angle)  # tracked: CLOCK, not wheels
+        base_codes = jax.vmap(lambda d, h, w: self.pose_code(agent, d, h, wheel=w))(
+            deltas, headings, wheels
+        )
+        cabin_codes = jnp.stack(
+            [self.pose_code(agent, cabin=agent.cabin_heading + turn) for turn in (-1, 1)]
+        )
+        codes = jnp.concatenate([base_codes, cabin_codes])
+        revisits = jnp.any(codes[:, None] == recent_poses[None, :], axis=-1)
+        # An empty bucket right after a DO means that DO dumped (a dig or pick-up fills the
+        # bucket; a DO without effect is masked), so a pick-up now would undo it.
+        undoes_dump = (
+            (last_action == A.DO)
+            & ~is_loaded
+            & excavation.picks_up(
+                workspace, w_target, w_action, cfg.dig_before_pickup, pickable
+            )
+        )
+        repeats = jnp.concatenate([revisits, undoes_dump[None], jnp.zeros((1,), bool)])
+        strict = mask & ~repeats
+        return jnp.where(jnp.any(strict), strict, mask)

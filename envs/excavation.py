@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 
 
-def soil_in_reach(workspace, w_action) -> jax.Array:
-    """bool [W, W]: workspace tiles holding dumped soil (picked up before any digging)."""
-    return workspace & (w_action > 0)
+def soil_in_reach(workspace, w_action, pickable=True) -> jax.Array:
+    """bool [W, W]: workspace tiles holding dumped soil that may be picked up (`pickable`,
+    bool [W, W] or True for all; see `EnvConfig.pickup_misplaced_only`)."""
+    return workspace & (w_action > 0) & pickable
 
 
 def diggable(workspace, w_target, w_action) -> jax.Array:
@@ -22,17 +23,29 @@ def dumpable(workspace, w_target, w_action, w_dump) -> jax.Array:
     return workspace & (w_dump == 1) & (w_action == 0) & (w_target != -1)
 
 
-def dig_and_dump(workspace, w_target, w_action, w_dump, loaded) -> dict[str, jax.Array]:
+def picks_up(workspace, w_target, w_action, dig_first: bool, pickable=True) -> jax.Array:
+    """bool []: whether DO with an empty bucket picks soil up rather than digging. With
+    `dig_first` only where no undug target is in reach, else wherever soil is in reach."""
+    soil = jnp.any(soil_in_reach(workspace, w_action, pickable))
+    if not dig_first:
+        return soil
+    return soil & ~jnp.any(diggable(workspace, w_target, w_action))
+
+
+def dig_and_dump(
+    workspace, w_target, w_action, w_dump, loaded, dig_first: bool = True, pickable=True
+) -> dict[str, jax.Array]:
     """Both DO outcomes; the caller selects by whether the bucket is loaded.
 
     workspace bool [W, W] (arm sector minus footprint and obstacles); w_* int8 [W, W];
-    loaded int32 []. Dig (empty bucket): if any dumped soil is in reach, every such tile
-    gives one unit; otherwise every diggable tile is dug one level. Dump (loaded): the load
-    is split over dumpable tiles, dump zones first, in integer shares (the remainder one
-    unit each, row-major order), so soil is conserved exactly.
+    loaded int32 []; dig_first static; pickable bool [W, W] or True. Dig (empty bucket):
+    every diggable tile is dug one level; where `picks_up`, every tile of pickable soil in
+    reach gives one unit instead. Dump
+    (loaded): the load is split over dumpable tiles, dump zones first, in integer shares
+    (the remainder one unit each, row-major order), so soil is conserved exactly.
     """
-    soil = soil_in_reach(workspace, w_action)
-    picked_up = jnp.any(soil)
+    soil = soil_in_reach(workspace, w_action, pickable)
+    picked_up = picks_up(workspace, w_target, w_action, dig_first, pickable)
     lowered = jnp.where(picked_up, soil, diggable(workspace, w_target, w_action))
     # Tiles next to newly dug ground can no longer take soil.
     newly_dug = (lowered & ~picked_up).astype(jnp.int8)

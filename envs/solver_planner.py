@@ -92,6 +92,12 @@ class Planner:
         self.target = np.asarray(target_map).ravel().astype(np.int8)
         self.obstacle = np.asarray(obstacles).ravel() > 0
         self.has_zones = bool(np.any(self.target == 1))
+        self.drivable_soil_height = config.drivable_soil_height
+        self.dig_first = config.dig_before_pickup
+        # Tiles soil may be picked up from (`EnvConfig.pickup_misplaced_only`).
+        self.pickable = np.ones(self.sentinel, bool)
+        if config.pickup_misplaced_only:
+            self.pickable = self.has_zones & (self.target != 1)
         self.reach_radius = config.workspace_radii[1]
         r_min, r_max = config.workspace_radii
         span = np.arange(-int(r_max), int(r_max) + 1)
@@ -110,7 +116,8 @@ class Planner:
         return np.append(values, fill)
 
     def _free_poses(self, action_map):
-        traversable = self._ext(~self.obstacle & (action_map == 0), True)
+        drivable = (action_map >= 0) & (action_map <= self.drivable_soil_height)
+        traversable = self._ext(~self.obstacle & drivable, True)
         return self.geometry.on_map & traversable[self.geometry.footprint].all(axis=1)
 
     def _dilate(self, flat, radius):
@@ -150,13 +157,14 @@ class Planner:
         dumpability, load, gain) after it, or None when it would take nothing."""
         tiles = self.reach[pose, take_arm]
         tiles = tiles[tiles < self.sentinel]
-        soil = tiles[action_map[tiles] > 0]
+        soil = tiles[(action_map[tiles] > 0) & self.pickable[tiles]]
+        undug = (self.target[tiles] == -1) & (action_map[tiles] == 0)
         action_map = action_map.copy()
-        if soil.size:
+        if soil.size and not (self.dig_first and undug.any()):
             action_map[soil] -= 1
             gain = int(np.sum(self.target[soil] != 1)) if self.has_zones else 0
             return action_map, dumpability, soil.size, gain
-        dug = tiles[(self.target[tiles] == -1) & (action_map[tiles] == 0)]
+        dug = tiles[undug]
         if not dug.size:
             return None
         action_map[dug] -= 1
@@ -190,7 +198,8 @@ class Planner:
 
     def coverage(self, action_map, dumpability, node):
         """(int [N * N] usable sectors holding each undug target, dump deficit) as seen from
-        `node`. A sector is usable when its pose is reachable, it holds no soil and the pose
+        `node`. A sector is usable when its pose is reachable, no soil in it would be picked up
+        first (`EnvConfig.dig_before_pickup` off) and the pose
         has a dump tile in one of its sectors (a zone tile on maps with zones). The deficit
         is how many more units must still be dumped than dump tiles in reach of reachable
         positions could take one each."""
@@ -200,11 +209,13 @@ class Planner:
         space = (dumpability == 1) & (action_map == 0) & (self.target != -1)
         if self.has_zones:
             space &= self.target == 1
-        codes = self._ext(undug | (action_map > 0) << 1 | space << 2, 0).astype(np.uint8)
+        soil = (action_map > 0) & self.pickable
+        codes = self._ext(undug | soil << 1 | space << 2, 0).astype(np.uint8)
         reach = self.reach[poses]
         bits = np.bitwise_or.reduce(codes[reach], axis=-1)  # [R, 12]
         pose_has_space = (bits & 4).any(axis=-1, keepdims=True)
-        usable = (bits & 1 > 0) & (bits & 2 == 0) & pose_has_space
+        soil_hides = 0 if self.dig_first else bits & 2
+        usable = (bits & 1 > 0) & (soil_hides == 0) & pose_has_space
         coverage = np.bincount(reach[usable].ravel(), minlength=self.sentinel + 1)[:-1]
         positions = np.zeros(self.sentinel, bool)
         positions[poses // H] = True
@@ -257,7 +268,9 @@ class Planner:
         bonus = SCARCITY_WEIGHT * np.minimum(1.0, scarce / np.maximum(coverage, 1))
         scarcity = np.where(undug, 1.0 + bonus, 0.0)
         weighted_count = self._ext(scarcity, 0.0)[reach].sum(axis=-1)
-        has_soil = self._ext(action_map > 0)[reach].any(axis=-1)
+        has_soil = self._ext((action_map > 0) & self.pickable)[reach].any(axis=-1)
+        if self.dig_first:  # soil is picked up only from sectors without undug targets
+            has_soil &= undug_count == 0
         if relocate:
             value = undug_count
         else:

@@ -50,6 +50,9 @@ class EnvState:
     best_progress:      int32 [] highest (dig_tiles_done - misplaced_soil) of the episode
     steps_since_progress: int32 [] steps since `best_progress` last rose (stall truncation)
     last_actions:       int32 [K] most recent first, `NO_ACTION` at episode start
+    recent_poses:       int32 [R] codes (`ExcavationEnv.pose_code`) of the poses since the
+                        last dig or dump, most recent (the current pose) first, -1 unused;
+                        R = max(1, `EnvConfig.revisit_memory`)
     age:                int32 [] steps taken in this episode
     map_index:          int32 [] index of the map in the pool
     """
@@ -66,6 +69,7 @@ class EnvState:
     best_progress: jax.Array
     steps_since_progress: jax.Array
     last_actions: jax.Array
+    recent_poses: jax.Array
     age: jax.Array
     map_index: jax.Array
     curriculum: CurriculumState

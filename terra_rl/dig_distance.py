@@ -59,10 +59,11 @@ def _shift(x: jax.Array, dr: int, dc: int, fill) -> jax.Array:
 def dig_distance_field(obs: dict) -> jax.Array:
     """int32 [..., N, N]: 8-connected steps over free tiles from each tile to the nearest
     free tile with an undug target in the arm's ring; `unreachable_distance(N)` where none
-    is reachable (or the tile is blocked)."""
+    is reachable (or the tile is blocked). Free: no obstacle, not dug, soil no higher than
+    the env's default `drivable_soil_height` of 1 (the config allows this field with no other)."""
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
-    free = (obs["obstacles"] == 0) & (action == 0)
+    free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
     undug = (target == -1) & (action == 0)
     in_reach = jnp.zeros_like(undug)
     for dr, dc in ring_offsets(size):

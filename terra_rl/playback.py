@@ -111,4 +111,5 @@ def _state_path(checkpoints: Path, checkpoint: str) -> tuple[Path, int]:
     if step is None:
         raise PlaybackError(f"{checkpoints} holds no {checkpoint} checkpoint; train longer "
                             "or pick another run")
-    return where / str(step) / "state", step
+    # orbax refuses relative paths; a run given as runs/<name> must still load.
+    return (where / str(step) / "state").absolute(), step

@@ -102,6 +102,11 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         curriculum=curriculum,
         compute_action_mask=config.use_action_mask,
         stall_steps=config.stall_steps if training else 0,
+        drivable_soil_height=config.drivable_soil_height,
+        dig_before_pickup=config.dig_before_pickup,
+        pickup_misplaced_only=config.pickup_misplaced_only,
+        mask_dead_end_digs=config.mask_dead_end_digs,
+        revisit_memory=config.revisit_memory,
     )
 
 

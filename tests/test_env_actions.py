@@ -210,19 +210,21 @@ def test_dump_without_zones_spreads_over_dumpable_workspace(env32, step32):
     assert set(np.unique(action_map[allowed])) <= {7 // allowed.sum(), 7 // allowed.sum() + 1}
 
 
-def test_dumped_soil_is_picked_up_before_digging(env32, step32):
+def test_misplaced_soil_picked_up_restores_the_potential(env32, step32):
+    """With no target in reach, DO picks up one unit per tile of misplaced soil (digging
+    comes first, and soil on zones or on maps without zones stays: test_env_rules)."""
     target = blank_target()
-    target[16, 19] = -1
-    target[16, 20] = 1
+    target[2, 2] = 1  # a zone far away: soil anywhere else is misplaced
     action_map = np.zeros((N, N), np.int8)
     action_map[16, 20] = 2
     state = build(env32, target=target, action_map=action_map)
+    assert int(state.misplaced_soil) == 2
     _, new, *_ , info = step(step32, state, A.DO)
     assert int(new.action_map[16, 20]) == 1
-    assert int(new.action_map[16, 19]) == 0  # not dug: soil came first
-    assert int(new.agent.loaded) == 1
-    # Soil taken off a dump zone was not misplaced: the potential is unchanged.
-    assert term(info, "progress", env32) == 0.0
+    assert int(new.agent.loaded) == 1 and int(new.misplaced_soil) == 1
+    total = int(state.dig_tiles_total)
+    assert term(info, "progress", env32) == pytest.approx(
+        env32.config.reward.progress_weight / total)
 
 
 def test_do_with_no_effect_is_penalised(env32, step32):

@@ -347,16 +347,18 @@ def load_script(name: str):
     return script
 
 
-def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys):
+def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys, monkeypatch):
     """A tiny trained run's policy plays a held-out map: one GIF frame per step, its
     checkpoints chosen by name; a run without checkpoints or of another env is refused."""
     assert main(cli_flags(tmp_path, "played")) == 0
     run_dir = tmp_path / "played"
     play = load_script("play_episode")
-    for step, sample in (("latest", False), ("2", True)):
+    # The second run dir is relative to the working directory, as a user types it.
+    monkeypatch.chdir(tmp_path)
+    for step, sample, where in (("latest", False, str(run_dir)), ("2", True, "played")):
         out = tmp_path / f"{step}.gif"
         capsys.readouterr()
-        assert play.main(["--checkpoint", str(run_dir), "--checkpoint-step", step,
+        assert play.main(["--checkpoint", where, "--checkpoint-step", step,
                           "--map-index", "5", "--tile-pixels", "2", "--out", str(out),
                           *(["--sample"] if sample else [])]) == 0
         lines = capsys.readouterr().out.strip().splitlines()

@@ -68,16 +68,21 @@ def trees_equal(a, b) -> bool:
 
 
 def check_mask_against_effects(env: ExcavationEnv, states: EnvState) -> str:
-    """The analytic mask equals the real effect of all 7 acting actions on every state
-    (DO_NOTHING: never an effect, masked everywhere or nowhere as `mask_do_nothing` says),
-    and the states exercise both outcomes of every non-trivial action for both agent types."""
-    masks, effects = map(np.asarray, small.make_mask_and_effect(env)(states))
+    """The analytic valid actions equal the real effect of all 7 acting actions on every
+    state (DO_NOTHING: never an effect, masked everywhere or nowhere as `mask_do_nothing`
+    says); the action mask keeps only valid actions and at least one of them; and the states
+    exercise both outcomes of every non-trivial action for both agent types."""
+    valid, masks, effects = map(np.asarray, small.make_mask_and_effect(env)(states))
     acting = slice(0, A.DO_NOTHING)
-    mismatch = np.argwhere(masks[:, acting] != effects[:, acting])
+    mismatch = np.argwhere(valid[:, acting] != effects[:, acting])
     require(
         mismatch.size == 0,
-        f"mask disagrees with the effect at (state, action) {mismatch[:5].tolist()} "
+        f"valid actions disagree with the effect at (state, action) {mismatch[:5].tolist()} "
         f"({len(mismatch)} in all)",
+    )
+    require(
+        not (masks & ~valid).any() and masks.any(axis=1).all(),
+        "the action mask allows an action without effect, or no action at all",
     )
     wait_allowed = not env.config.mask_do_nothing
     require(
@@ -93,15 +98,17 @@ def check_mask_against_effects(env: ExcavationEnv, states: EnvState) -> str:
     )
     for subset, kind in ((~wheeled, "tracked"), (wheeled, "wheeled")):
         for action in (A.FORWARD, A.BACKWARD, A.CLOCK, A.ANTICLOCK, A.DO):
-            allowed = masks[subset, action].sum()
+            allowed = valid[subset, action].sum()
             require(
                 0 < allowed < subset.sum(),
                 f"{kind} action {action} is allowed in {allowed} of {subset.sum()} states; "
                 "both outcomes must occur",
             )
+    revisits = (valid & ~masks)[:, acting].any(axis=1).mean()
     return (
-        f"{len(masks)} states x {A.DO_NOTHING} actions: mask == effect "
-        f"({masks[:, acting].mean():.0%} allowed, {loaded.mean():.0%} loaded)"
+        f"{len(masks)} states x {A.DO_NOTHING} actions: valid == effect "
+        f"({masks[:, acting].mean():.0%} allowed, {revisits:.0%} with a revisit masked, "
+        f"{loaded.mean():.0%} loaded)"
     )
 
 

@@ -178,8 +178,9 @@ def small_rollout() -> Rollout:
 
 @functools.cache
 def make_mask_and_effect(env: ExcavationEnv):
-    """Jitted `check(states [S]) -> (mask bool [S, 8], effect bool [S, 8])`: the analytic
-    action mask, and whether each action really changes the agent or a map when stepped."""
+    """Jitted `check(states [S]) -> (valid bool [S, 8], mask bool [S, 8], effect bool
+    [S, 8])`: the analytic valid actions, the action mask (valid actions less revisits), and
+    whether each action really changes the agent or a map when stepped."""
 
     def changed(before: EnvState, after: EnvState) -> jax.Array:
         fields = lambda s: (  # noqa: E731
@@ -199,7 +200,8 @@ def make_mask_and_effect(env: ExcavationEnv):
             _, after, *_ = env.step_no_reset(None, state, action, None)
             return changed(state, after)
 
-        return env.action_mask(state), jax.vmap(effect)(jnp.arange(A.NUM_ACTIONS))
+        effects = jax.vmap(effect)(jnp.arange(A.NUM_ACTIONS))
+        return env.valid_actions(state), env.action_mask(state), effects
 
     return jax.jit(jax.vmap(check))
 
