@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs import action_rules, excavation, rewards
 from envs import actions as A
-from envs import excavation, rewards
+from envs import curriculum as curriculum_rules
 from envs import geometry as geo
 from envs.config import EnvConfig
 from envs.maps import MAP_TYPES
@@ -36,7 +37,7 @@ class ExcavationEnv:
                                    heading, then anticlockwise) of LOCAL_LAYER_NAMES
       target_map, action_map, obstacles, dumpability   int8 [N, N]
       last_actions  int32 [K]      most recent first; NO_ACTION (8) before the first step
-      action_mask   bool [8]       which actions would change the state
+      action_mask   bool [8]       the valid actions less dead-end digs and revisits
     """
 
     def __init__(self, config: EnvConfig):
@@ -154,7 +155,7 @@ class ExcavationEnv:
             best_progress=dig_tiles_done - misplaced_soil,
             steps_since_progress=zero,
             last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
-            recent_poses=self._fresh_memory(self.pose_code(agent)),
+            recent_poses=action_rules.fresh_memory(self.config, self.pose_code(agent)),
             age=jnp.asarray(age, jnp.int32),
             map_index=jnp.asarray(map_index, jnp.int32),
             curriculum=curriculum,
@@ -216,7 +217,7 @@ class ExcavationEnv:
         is_base_turn = ~is_wheeled & ((action == A.CLOCK) | (action == A.ANTICLOCK))
         is_wheel_turn = is_wheeled & ((action == A.WHEELS_LEFT) | (action == A.WHEELS_RIGHT))
         is_base_action = is_drive | is_base_turn
-        traversable = self._traversable(w_obstacles, w_action)
+        traversable = excavation.traversable(w_obstacles, w_action, cfg.drivable_soil_height)
         pose_ok = self._pose_is_free(window, traversable, agent.pos, delta, cand_heading)
         moved = is_base_action & ~is_loaded & pose_ok
         collided = is_base_action & ~is_loaded & ~pose_ok
@@ -224,7 +225,7 @@ class ExcavationEnv:
 
         # DO from the pre-step pose (a DO never moves the base).
         workspace = self._workspace(agent, window, w_obstacles)
-        pickable = self._pickable(state.has_dump_zones, w_target)
+        pickable = excavation.pickable(state.has_dump_zones, w_target, cfg.pickup_misplaced_only)
         dig = excavation.dig_and_dump(
             workspace, w_target, w_action, w_dump, agent.loaded, cfg.dig_before_pickup, pickable
         )
@@ -267,11 +268,8 @@ class ExcavationEnv:
             (dig_tiles_done >= state.dig_tiles_total) & (misplaced_soil == 0) & (new_loaded == 0)
         )
         age = state.age + 1
-        code = self.pose_code(new_agent)
-        recent_poses = jnp.where(
-            is_do & do_effect,  # the map changed: every earlier state is out of reach
-            self._fresh_memory(code),
-            jnp.concatenate([code[None], state.recent_poses[:-1]]),
+        recent_poses = action_rules.remember(
+            cfg, state.recent_poses, self.pose_code(new_agent), is_do & do_effect
         )
         progress = dig_tiles_done - misplaced_soil
         steps_since_progress = jnp.where(
@@ -343,35 +341,9 @@ class ExcavationEnv:
         new_wheel = jnp.clip(agent.wheel_angle + wheel_change, -limit, limit)
         return delta.astype(jnp.int32), heading, new_wheel
 
-    def pose_code(self, agent: AgentState, delta=0, heading=None, cabin=None, wheel=None):
-        """int32 []: one number per (row, col, base heading, cabin heading, wheel angle) of
-        `agent`, with the given parts replaced (`delta` added to the position)."""
-        pos = jnp.asarray(agent.pos) + delta
-        heading = agent.base_heading if heading is None else heading
-        cabin = agent.cabin_heading if cabin is None else cabin
-        wheel = agent.wheel_angle if wheel is None else wheel
-        limit = self.config.wheel_angle_limit
-        code = pos[0] * self.config.map_size + pos[1]
-        code = (code * geo.NUM_HEADINGS + heading) * geo.NUM_HEADINGS + cabin % geo.NUM_HEADINGS
-        return (code * (2 * limit + 1) + wheel + limit).astype(jnp.int32)
-
-    def _fresh_memory(self, code) -> jax.Array:
-        """int32 [R]: the revisit memory holding only `code`."""
-        size = max(1, self.config.revisit_memory)
-        return jnp.full((size,), -1, jnp.int32).at[0].set(code)
-
-    def _pickable(self, has_dump_zones, w_target):
-        """bool [W, W] (or True): tiles soil may be picked up from. With
-        `EnvConfig.pickup_misplaced_only` only soil outside the zones of a map with zones."""
-        if not self.config.pickup_misplaced_only:
-            return True
-        return has_dump_zones & (w_target != 1)
-
-    def _traversable(self, w_obstacles, w_action) -> jax.Array:
-        """bool [W, W]: tiles the base may cover: no obstacle, not dug, and soil no higher
-        than `EnvConfig.drivable_soil_height`."""
-        height = self.config.drivable_soil_height
-        return (w_obstacles == 0) & (w_action >= 0) & (w_action <= height)
+    def pose_code(self, agent: AgentState, **replaced) -> jax.Array:
+        """int32 []: `envs.action_rules.pose_code` of `agent` on this env's maps."""
+        return action_rules.pose_code(self.config, agent, **replaced)
 
     def _pose_is_free(self, window, traversable, pos, delta, heading) -> jax.Array:
         """bool []: the footprint at pos + delta with `heading` is on the map and free."""
@@ -388,60 +360,20 @@ class ExcavationEnv:
         under_agent = geo.footprint_mask(self.config, window, agent.base_heading)
         return arm_sector & ~under_agent & (w_obstacles == 0)
 
-    def _dig_is_dead_end(
-        self, agent, window, sectors, workspace, w_target, w_action, w_obstacles, w_dump,
-        pickable,
-    ) -> jax.Array:
-        """bool []: DO with the empty bucket would dig, and afterwards no arm heading of this
-        pose reaches a tile to dump on. A loaded excavator cannot move, so the load could
-        never be dumped and the task never finished. (A pick-up frees its own tiles.)"""
-        cfg = self.config
-        dig = excavation.dig_and_dump(
-            workspace, w_target, w_action, w_dump, 0, cfg.dig_before_pickup, pickable
-        )
-        digs = ~excavation.picks_up(workspace, w_target, w_action, cfg.dig_before_pickup,
-                                    pickable)
-        under_agent = geo.footprint_mask(cfg, window, agent.base_heading)
-        reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
-        after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
-        return digs & ~jnp.any(after)
-
     def update_curriculum(self, curriculum: CurriculumState, success, timeout):
-        spec = self.config.curriculum
-        if spec is None:
-            return curriculum
-        successes = jnp.where(
-            success,
-            curriculum.consecutive_successes + 1,
-            jnp.where(timeout, 0, curriculum.consecutive_successes),
-        )
-        failures = jnp.where(
-            timeout,
-            curriculum.consecutive_failures + 1,
-            jnp.where(success, 0, curriculum.consecutive_failures),
-        )
-        promote = successes >= spec.promote_after
-        demote = failures >= spec.demote_after if spec.demote_after > 0 else jnp.bool_(False)
-        top = len(spec.levels) - 1
-        level = jnp.clip(
-            curriculum.level + promote.astype(jnp.int32) - demote.astype(jnp.int32), 0, top
-        )
-        changed = promote | demote
-        return CurriculumState(
-            level=level,
-            consecutive_successes=jnp.where(changed, 0, successes),
-            consecutive_failures=jnp.where(changed, 0, failures),
-        )
+        """`envs.curriculum.advance` under this env's `CurriculumConfig`."""
+        return curriculum_rules.advance(self.config.curriculum, curriculum, success, timeout)
 
     # ------------------------------------------------------------------ observation
 
     def observation(self, state: EnvState) -> dict:
+        return self._observe(state, *self._window_layers(state))
+
+    def _window_layers(self, state: EnvState):
+        """(window, target, action, obstacles, dumpability cropped to it [W, W])."""
         window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)
-        layers = [
-            geo.crop(layer, window)
-            for layer in (state.target_map, state.action_map, state.obstacles, state.dumpability)
-        ]
-        return self._observe(state, window, *layers)
+        maps = (state.target_map, state.action_map, state.obstacles, state.dumpability)
+        return (window, *(geo.crop(layer, window) for layer in maps))
 
     def action_mask(self, state: EnvState) -> jax.Array:
         """bool [8]: `obs["action_mask"]` of `state`: the actions that would change the state
@@ -451,17 +383,12 @@ class ExcavationEnv:
     def valid_actions(self, state: EnvState) -> jax.Array:
         """bool [8]: True where the action would change the state; DO_NOTHING unless
         `EnvConfig.mask_do_nothing`. The action mask before its dead-end and revisit rules."""
-        window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)
+        window, *layers = self._window_layers(state)
         arm = (state.agent.base_heading + state.agent.cabin_heading) % geo.NUM_HEADINGS
         arm_headings = (arm + jnp.arange(geo.NUM_HEADINGS)) % geo.NUM_HEADINGS
-        layers = [
-            geo.crop(layer, window)
-            for layer in (state.target_map, state.action_map, state.obstacles, state.dumpability)
-        ]
         return self._action_mask(
             state.agent, window, geo.sector_masks(self.config, window, arm_headings), *layers,
-            state.last_actions[0], state.recent_poses, state.has_dump_zones,
-            valid_only=True,
+            state.last_actions[0], state.recent_poses, state.has_dump_zones, valid_only=True,
         )
 
     def episode_progress(self, state: EnvState) -> jax.Array:
@@ -526,7 +453,7 @@ class ExcavationEnv:
         cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
-        traversable = self._traversable(w_obstacles, w_action)
+        traversable = excavation.traversable(w_obstacles, w_action, cfg.drivable_soil_height)
         base_actions = jnp.arange(4, dtype=jnp.int32)
         deltas, headings, wheels = jax.vmap(lambda a: self._candidate_pose(agent, a))(
             base_actions
@@ -540,7 +467,7 @@ class ExcavationEnv:
         turns_ok = jnp.where(is_wheeled, wheels_ok, base_ok[2:])
 
         workspace = self._workspace(agent, window, w_obstacles, sectors[0])
-        pickable = self._pickable(has_dump_zones, w_target)
+        pickable = excavation.pickable(has_dump_zones, w_target, cfg.pickup_misplaced_only)
         can_dig = jnp.any(
             excavation.soil_in_reach(workspace, w_action, pickable)
             | excavation.diggable(workspace, w_target, w_action)
@@ -555,32 +482,17 @@ class ExcavationEnv:
         if valid_only:
             return mask
         if cfg.mask_dead_end_digs:  # the cabin turns stay allowed
-            dead_end = ~is_loaded & self._dig_is_dead_end(
-                agent, window, sectors, workspace, w_target, w_action, w_obstacles, w_dump,
-                pickable,
+            dead_end = ~is_loaded & action_rules.dig_is_dead_end(
+                cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
+                w_dump, pickable,
             )
             mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(dead_end, A.DO, -1))
         if not cfg.revisit_memory:
             return mask
-        # Where each action leads: the four base actions, then the two cabin turns.
-        wheels = jnp.where(is_wheeled, wheels, agent.wheel_angle)  # tracked: CLOCK, not wheels
-        base_codes = jax.vmap(lambda d, h, w: self.pose_code(agent, d, h, wheel=w))(
-            deltas, headings, wheels
+        picks_up = excavation.picks_up(
+            workspace, w_target, w_action, cfg.dig_before_pickup, pickable
         )
-        cabin_codes = jnp.stack(
-            [self.pose_code(agent, cabin=agent.cabin_heading + turn) for turn in (-1, 1)]
+        strict = mask & ~action_rules.repeats(
+            cfg, agent, deltas, headings, wheels, recent_poses, last_action, picks_up
         )
-        codes = jnp.concatenate([base_codes, cabin_codes])
-        revisits = jnp.any(codes[:, None] == recent_poses[None, :], axis=-1)
-        # An empty bucket right after a DO means that DO dumped (a dig or pick-up fills the
-        # bucket; a DO without effect is masked), so a pick-up now would undo it.
-        undoes_dump = (
-            (last_action == A.DO)
-            & ~is_loaded
-            & excavation.picks_up(
-                workspace, w_target, w_action, cfg.dig_before_pickup, pickable
-            )
-        )
-        repeats = jnp.concatenate([revisits, undoes_dump[None], jnp.zeros((1,), bool)])
-        strict = mask & ~repeats
         return jnp.where(jnp.any(strict), strict, mask)

@@ -7,6 +7,21 @@ import jax
 import jax.numpy as jnp
 
 
+def traversable(w_obstacles, w_action, drivable_soil_height: int) -> jax.Array:
+    """bool [W, W]: tiles the base may cover: no obstacle, not dug, and soil no higher than
+    `drivable_soil_height` (`EnvConfig.drivable_soil_height`)."""
+    return (w_obstacles == 0) & (w_action >= 0) & (w_action <= drivable_soil_height)
+
+
+def pickable(has_dump_zones, w_target, misplaced_only: bool):
+    """bool [W, W] (or True for all): tiles soil may be picked up from. With
+    `misplaced_only` (`EnvConfig.pickup_misplaced_only`) only those outside the zones of a
+    map with zones (`has_dump_zones` bool [])."""
+    if not misplaced_only:
+        return True
+    return has_dump_zones & (w_target != 1)
+
+
 def soil_in_reach(workspace, w_action, pickable=True) -> jax.Array:
     """bool [W, W]: workspace tiles holding dumped soil that may be picked up (`pickable`,
     bool [W, W] or True for all; see `EnvConfig.pickup_misplaced_only`)."""

@@ -160,7 +160,7 @@ def test_a_dig_or_dump_clears_the_memory_and_no_pickup_undoes_a_dump(env32, step
 def test_mask_falls_back_when_every_move_would_revisit(env32):
     state = build(env32)
     agent = state.agent
-    successors = [env32.pose_code(agent, d, h, wheel=w) for d, h, w in (
+    successors = [env32.pose_code(agent, delta=d, heading=h, wheel=w) for d, h, w in (
         (jnp.array([0, 1]), 0, 0), (jnp.array([0, -1]), 0, 0), (0, 11, 0), (0, 1, 0))]
     successors += [env32.pose_code(agent, cabin=c) for c in (11, 1)]
     memory = np.full(state.recent_poses.shape, -1, np.int32)

@@ -1,0 +1,80 @@
+"""The two rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
+`EnvConfig.revisit_memory`): no dig that leaves a load with nowhere to go, no return to a pose
+the episode was in since its last dig or dump. Pure functions on one env's window."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from envs import actions as A
+from envs import excavation
+from envs import geometry as geo
+from envs.config import EnvConfig
+from envs.state import AgentState
+
+
+def pose_code(config: EnvConfig, agent: AgentState, delta=0, heading=None, cabin=None,
+              wheel=None) -> jax.Array:
+    """int32 []: one number per (row, col, base heading, cabin heading, wheel angle) of
+    `agent`, with the given parts replaced (`delta` added to the position)."""
+    pos = jnp.asarray(agent.pos) + delta
+    heading = agent.base_heading if heading is None else heading
+    cabin = agent.cabin_heading if cabin is None else cabin
+    wheel = agent.wheel_angle if wheel is None else wheel
+    limit = config.wheel_angle_limit
+    code = pos[0] * config.map_size + pos[1]
+    code = (code * geo.NUM_HEADINGS + heading) * geo.NUM_HEADINGS + cabin % geo.NUM_HEADINGS
+    return (code * (2 * limit + 1) + wheel + limit).astype(jnp.int32)
+
+
+def fresh_memory(config: EnvConfig, code) -> jax.Array:
+    """int32 [R]: the revisit memory (`EnvState.recent_poses`) holding only `code`."""
+    size = max(1, config.revisit_memory)
+    return jnp.full((size,), -1, jnp.int32).at[0].set(code)
+
+
+def remember(config: EnvConfig, recent_poses, code, map_changed) -> jax.Array:
+    """int32 [R]: the memory after a step to pose `code`; a changed map starts it afresh, as
+    no state from before the change can come back."""
+    shifted = jnp.concatenate([jnp.asarray(code)[None], recent_poses[:-1]])
+    return jnp.where(map_changed, fresh_memory(config, code), shifted)
+
+
+def dig_is_dead_end(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,
+                    w_obstacles, w_dump, pickable) -> jax.Array:
+    """bool []: DO with the empty bucket would dig, and afterwards no arm heading of this pose
+    (`sectors` bool [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so
+    the load could never be dumped and the task never finished. (A pick-up frees its own
+    tiles, so it is never a dead end.)"""
+    dig = excavation.dig_and_dump(
+        workspace, w_target, w_action, w_dump, 0, config.dig_before_pickup, pickable
+    )
+    digs = ~excavation.picks_up(workspace, w_target, w_action, config.dig_before_pickup,
+                                pickable)
+    under_agent = geo.footprint_mask(config, window, agent.base_heading)
+    reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+    after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
+    return digs & ~jnp.any(after)
+
+
+def repeats(config: EnvConfig, agent: AgentState, deltas, headings, wheels, recent_poses,
+            last_action, picks_up) -> jax.Array:
+    """bool [8]: actions that would bring back a state of the episode since its last dig or
+    dump. `deltas` int32 [4, 2], `headings` / `wheels` int32 [4]: the poses the four base
+    actions lead to; the cabin turns lead to the cabin one heading either way. A DO that
+    would pick soil up (`picks_up`) right after a dump undoes it: an empty bucket right after
+    a DO means that DO dumped (a dig or pick-up fills the bucket; a DO without effect is
+    masked)."""
+    is_wheeled = agent.agent_type == A.WHEELED
+    wheels = jnp.where(is_wheeled, wheels, agent.wheel_angle)  # tracked: CLOCK, not wheels
+    base_codes = jax.vmap(lambda d, h, w: pose_code(config, agent, d, h, wheel=w))(
+        deltas, headings, wheels
+    )
+    cabin_codes = jnp.stack(
+        [pose_code(config, agent, cabin=agent.cabin_heading + turn) for turn in (-1, 1)]
+    )
+    codes = jnp.concatenate([base_codes, cabin_codes])
+    revisits = jnp.any(codes[:, None] == recent_poses[None, :], axis=-1)
+    undoes_dump = (last_action == A.DO) & (agent.loaded == 0) & picks_up
+    return jnp.concatenate([revisits, undoes_dump[None], jnp.zeros((1,), bool)])
