@@ -43,19 +43,17 @@ def remember(config: EnvConfig, recent_poses, code, map_changed) -> jax.Array:
 
 def dig_is_dead_end(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,
                     w_obstacles, w_dump, pickable) -> jax.Array:
-    """bool []: DO with the empty bucket would dig, and afterwards no arm heading of this pose
+    """bool []: after the dig of DO with the empty bucket, no arm heading of this pose
     (`sectors` bool [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so
-    the load could never be dumped and the task never finished. (A pick-up frees its own
-    tiles, so it is never a dead end.)"""
+    the load could never be dumped and the task never finished. Only meaningful where DO
+    digs: a pick-up frees its own tiles, so the caller excludes it."""
     dig = excavation.dig_and_dump(
         workspace, w_target, w_action, w_dump, 0, config.dig_before_pickup, pickable
     )
-    digs = ~excavation.picks_up(workspace, w_target, w_action, config.dig_before_pickup,
-                                pickable)
     under_agent = geo.footprint_mask(config, window, agent.base_heading)
     reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
     after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
-    return digs & ~jnp.any(after)
+    return ~jnp.any(after)
 
 
 def repeats(config: EnvConfig, agent: AgentState, deltas, headings, wheels, recent_poses,

@@ -481,17 +481,17 @@ class ExcavationEnv:
         )
         if valid_only:
             return mask
+        picks_up = excavation.picks_up(
+            workspace, w_target, w_action, cfg.dig_before_pickup, pickable
+        )
         if cfg.mask_dead_end_digs:  # the cabin turns stay allowed
-            dead_end = ~is_loaded & action_rules.dig_is_dead_end(
+            dead_end = ~is_loaded & ~picks_up & action_rules.dig_is_dead_end(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
                 w_dump, pickable,
             )
             mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(dead_end, A.DO, -1))
         if not cfg.revisit_memory:
             return mask
-        picks_up = excavation.picks_up(
-            workspace, w_target, w_action, cfg.dig_before_pickup, pickable
-        )
         strict = mask & ~action_rules.repeats(
             cfg, agent, deltas, headings, wheels, recent_poses, last_action, picks_up
         )

@@ -5,10 +5,10 @@ float32 [B])`. Parameters are float32; the encoders compute in `PolicyConfig.pre
 (Flax `dtype=`), and the two heads compute in float32 from float32 features (see
 `terra_rl.precision`).
 
-Top-level parameter names are the same for every network, so `parameter_groups` splits
-any of them by role: `policy_head` and `value_head` (one Dense each) and the encoders,
-either `encoder` (shared by both heads) or `actor_encoder` / `critic_encoder` (separate,
-sharing no parameter).
+Top-level parameter names are the same for every network, so
+`terra_rl.parameters.parameter_groups` splits any of them by role: `policy_head` and
+`value_head` (one Dense each) and the encoders, either `encoder` (shared by both heads) or
+`actor_encoder` / `critic_encoder` (separate, sharing no parameter).
 """
 
 from __future__ import annotations
@@ -470,34 +470,3 @@ def uses_convolutions(policy: nn.Module) -> bool:
         convs = policy.config.map_encoder not in ("flat", "none")
         return convs and not policy.config.conv_as_matmul
     return isinstance(policy, GymnaxCNNPolicy) and not policy.conv_as_matmul
-
-
-def _unwrap(params):
-    """The `params` collection from either `model.init(...)`'s variables or params."""
-    if set(params) == {"params"}:
-        return params["params"]
-    return params
-
-
-def count_parameters(params) -> int:
-    """Number of scalars in a parameter pytree (arrays or `jax.ShapeDtypeStruct`s)."""
-    return int(sum(np.prod(leaf.shape, dtype=np.int64) for leaf in jax.tree.leaves(params)))
-
-
-def parameter_groups(params) -> dict[str, dict]:
-    """{"policy_head", "value_head", "encoder"}: a partition of the top-level parameters.
-
-    "encoder" holds everything else: `encoder`, or `actor_encoder` and `critic_encoder`.
-    Accepts the variables from `init` or their "params" collection.
-    """
-    params = _unwrap(params)
-    missing = {"policy_head", "value_head"} - set(params)
-    if missing:
-        raise ValueError(f"params lack {sorted(missing)}; top-level keys are {sorted(params)}")
-    heads = ("policy_head", "value_head")
-    encoders = {name: tree for name, tree in params.items() if name not in heads}
-    return {
-        "policy_head": params["policy_head"],
-        "value_head": params["value_head"],
-        "encoder": encoders,
-    }

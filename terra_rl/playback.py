@@ -94,14 +94,15 @@ def _state_path(checkpoints: Path, checkpoint: str) -> tuple[Path, int]:
         store = CheckpointStore(checkpoints, read_only=True)
     except (CheckpointError, FileNotFoundError, ValueError) as error:
         raise PlaybackError(f"cannot open {checkpoints}: {error}") from None
+    root = store.directory  # absolute, as orbax requires
     with store:
         if checkpoint == "latest":
-            step, where = store.latest_step(), checkpoints
+            step, where = store.latest_step(), root
         elif checkpoint == "best":
-            step, where = store.best_step(), checkpoints / BEST_SUBDIR
+            step, where = store.best_step(), root / BEST_SUBDIR
         elif checkpoint.isdigit():
             step = int(checkpoint)
-            where = checkpoints if step in store.all_steps() else checkpoints / BEST_SUBDIR
+            where = root if step in store.all_steps() else root / BEST_SUBDIR
             if step not in store.all_steps() and step != store.best_step():
                 raise PlaybackError(f"no checkpoint {step} in {checkpoints}; retained "
                                     f"{store.all_steps()}, best {store.best_step()}")
@@ -111,5 +112,4 @@ def _state_path(checkpoints: Path, checkpoint: str) -> tuple[Path, int]:
     if step is None:
         raise PlaybackError(f"{checkpoints} holds no {checkpoint} checkpoint; train longer "
                             "or pick another run")
-    # orbax refuses relative paths; a run given as runs/<name> must still load.
-    return (where / str(step) / "state").absolute(), step
+    return where / str(step) / "state", step

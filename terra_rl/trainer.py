@@ -28,7 +28,8 @@ from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig
 from terra_rl.evaluation import make_eval_fn, sampled_names
 from terra_rl.logger import RunLogger
-from terra_rl.models import PolicyConfig, count_parameters, make_policy
+from terra_rl.models import PolicyConfig, make_policy
+from terra_rl.parameters import count_parameters
 from terra_rl.train_env import make_train_envs
 from terra_rl.update import RunnerState, make_init_fn, make_update_fn
 

@@ -21,7 +21,8 @@ from terra_rl.compass import (
     compass,
     compass_bins,
 )
-from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
+from terra_rl.models import ExcavationPolicy, PolicyConfig
+from terra_rl.parameters import count_parameters
 from terra_rl.validation import small
 
 

@@ -18,7 +18,8 @@ from terra_rl.dig_distance import (
     direction_offsets,
     unreachable_distance,
 )
-from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
+from terra_rl.models import ExcavationPolicy, PolicyConfig
+from terra_rl.parameters import count_parameters
 from terra_rl.validation import small
 
 N = 16

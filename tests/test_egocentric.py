@@ -18,7 +18,8 @@ from hand_built_obs import SIZE, hand_built_obs
 from terra_rl.compass import LAYERS
 from terra_rl.config import ConfigError, TrainConfig, validate
 from terra_rl.egocentric import egocentric_view, view_offsets
-from terra_rl.models import ExcavationPolicy, PolicyConfig, count_parameters
+from terra_rl.models import ExcavationPolicy, PolicyConfig
+from terra_rl.parameters import count_parameters
 from terra_rl.validation import small
 from terra_rl.validation.references import expected_parameter_count
 

@@ -22,12 +22,11 @@ from terra_rl.models import (
     GymnaxMLPPolicy,
     PatchConv,
     PolicyConfig,
-    count_parameters,
     make_policy,
     map_channels,
-    parameter_groups,
     uses_convolutions,
 )
+from terra_rl.parameters import count_parameters, parameter_groups
 from terra_rl.validation import references, small
 
 NUM_ACTIONS = A.NUM_ACTIONS

@@ -42,7 +42,8 @@ def abstract_observations(env: ExcavationEnv, batch_size: int) -> dict:
 
 def model_policy(options: GateOptions) -> str:
     from terra_rl.config import PRESETS
-    from terra_rl.models import count_parameters, make_policy, parameter_groups
+    from terra_rl.models import make_policy
+    from terra_rl.parameters import count_parameters, parameter_groups
     from terra_rl.train_env import excavation_env_config
     from terra_rl.trainer import policy_config
 
@@ -119,7 +120,7 @@ def trunk_gradients(separate: bool) -> tuple[dict, dict]:
 
 
 def model_separate_trunks(options: GateOptions) -> str:
-    from terra_rl.models import count_parameters
+    from terra_rl.parameters import count_parameters
 
     sizes = {}
     for separate in (False, True):
