@@ -104,6 +104,11 @@ class EnvConfig:
     mask_dead_end_digs: bool = True
     """Mask a DO that would dig where, afterwards, no arm heading of the pose reaches a tile
     to dump on: a loaded excavator cannot move, so the episode could never be finished."""
+    mask_cut_off_digs: bool = True
+    """Mask a DO that would dig where, afterwards, an undug target lies in reach of no pose
+    the base can still drive to (`envs.reachability`): dug tiles block the base for good, so
+    the task could never be finished. A flood fill per step: about 1.2x the step's time at
+    16x16 (docs/PERFORMANCE.md)."""
     revisit_memory: int = 128
     """With > 0, the action mask forbids a move, base, wheel or cabin turn that returns to
     one of the last `revisit_memory` poses since the last dig or dump, and a DO that would

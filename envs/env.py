@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs import action_rules, excavation, rewards
+from envs import action_rules, excavation, reachability, rewards
 from envs import actions as A
 from envs import curriculum as curriculum_rules
 from envs import geometry as geo
@@ -44,6 +44,7 @@ class ExcavationEnv:
         self.config = config
         self._displacements = geo.move_displacements(config.move_step)
         self._extents = geo.footprint_extents(config)
+        self._targets_cut_off = reachability.make_targets_cut_off(config)
         if config.curriculum is not None:
             unknown = set(config.curriculum.levels) - set(MAP_TYPES)
             if unknown:
@@ -417,6 +418,7 @@ class ExcavationEnv:
             mask = self._action_mask(
                 agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
                 state.last_actions[0], state.recent_poses, state.has_dump_zones,
+                full_maps=(state.target_map, state.action_map, state.obstacles),
             )
         else:
             mask = jnp.ones((A.NUM_ACTIONS,), bool)
@@ -444,12 +446,13 @@ class ExcavationEnv:
 
     def _action_mask(
         self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
-        last_action, recent_poses, has_dump_zones, valid_only=False,
+        last_action, recent_poses, has_dump_zones, valid_only=False, full_maps=None,
     ):
-        """Analytic mask, no simulation: four footprint checks and the DO preconditions
-        (with `valid_only`, only these: the actions that would change the state), then the
-        dead-end digs (`EnvConfig.mask_dead_end_digs`) and the returns to a recent pose
-        (`EnvConfig.revisit_memory`)."""
+        """Analytic mask: four footprint checks and the DO preconditions (with
+        `valid_only`, only these: the actions that would change the state), then the
+        dead-end digs (`EnvConfig.mask_dead_end_digs`), the digs that cut targets off
+        (`EnvConfig.mask_cut_off_digs`, a flood fill over `full_maps`, the (target, action,
+        obstacles) maps [N, N]) and the returns to a recent pose (`EnvConfig.revisit_memory`)."""
         cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
@@ -490,6 +493,16 @@ class ExcavationEnv:
                 w_dump, pickable,
             )
             mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(dead_end, A.DO, -1))
+        if cfg.mask_cut_off_digs:
+            target_map, action_map, obstacles = full_maps
+            dig = excavation.dig_and_dump(
+                workspace, w_target, w_action, w_dump, 0, cfg.dig_before_pickup, pickable
+            )
+            cuts_off = ~is_loaded & ~picks_up & self._targets_cut_off(
+                target_map, geo.paste(action_map, dig["dig_action"], window), obstacles,
+                agent.pos, agent.base_heading, is_wheeled,
+            )
+            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(cuts_off, A.DO, -1))
         if not cfg.revisit_memory:
             return mask
         strict = mask & ~action_rules.repeats(

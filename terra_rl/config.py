@@ -57,6 +57,9 @@ class TrainConfig:
     """DO picks up only soil outside the dump zones of maps with zones (envs.config)."""
     mask_dead_end_digs: bool = True
     """The action mask forbids a dig after which the load could be dumped nowhere."""
+    mask_cut_off_digs: bool = True
+    """The action mask forbids a dig after which an undug target is in reach of no pose the
+    base can still drive to (envs.reachability)."""
     revisit_memory: int = 128
     """The action mask forbids returning to one of this many recent poses since the last dig
     or dump (envs.config.EnvConfig.revisit_memory); 0 = off."""
@@ -220,6 +223,8 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "pickup_misplaced_only": False,
     "mask_dead_end_digs": False,
     "revisit_memory": 0,
+    # Arrived on 2026-11-25.
+    "mask_cut_off_digs": False,
 }
 
 
@@ -266,6 +271,7 @@ PRESETS: dict[str, TrainConfig] = {
         map_feature_dim=128,
         hidden_dim=128,
         use_compass=True,
+        use_dig_distance=True,  # the way to the last targets (docs/RESULTS.md)
         stall_steps=64,  # a policy caught in a loop restarts on a fresh map after 64 steps
         precision="float32",
         log_train_interval=10,

@@ -106,6 +106,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         dig_before_pickup=config.dig_before_pickup,
         pickup_misplaced_only=config.pickup_misplaced_only,
         mask_dead_end_digs=config.mask_dead_end_digs,
+        mask_cut_off_digs=config.mask_cut_off_digs,
         revisit_memory=config.revisit_memory,
     )
 

@@ -51,10 +51,10 @@ def test_other_presets():
     }
     demo = get_preset("cpu_demo")
     assert demo.map_size <= 32 and demo.precision == "float32"
-    # The tests' tiny config keeps cpu_demo's maps, curriculum, encoder, compass and stall
-    # limit, so CLI tests on the preset share its compiled functions.
+    # The tests' tiny config keeps cpu_demo's maps, curriculum, encoder, compass, dig
+    # distance and stall limit, so CLI tests on the preset share its compiled functions.
     for name in ("map_size", "map_types", "curriculum", "map_encoder", "use_action_mask",
-                 "use_compass", "stall_steps"):
+                 "use_compass", "use_dig_distance", "stall_steps"):
         assert small.SMOKE_FIELDS[name] == getattr(demo, name), name
     assert demo.curriculum and demo.curriculum[-1] in demo.map_types
     for name in PRESETS:

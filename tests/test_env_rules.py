@@ -23,7 +23,8 @@ def legacy_env():
     revisit mask."""
     return ExcavationEnv(EnvConfig(map_size=32, max_steps=60, drivable_soil_height=0,
                                    dig_before_pickup=False, pickup_misplaced_only=False,
-                                   mask_dead_end_digs=False, revisit_memory=0))
+                                   mask_dead_end_digs=False, mask_cut_off_digs=False,
+                                   revisit_memory=0))
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +194,92 @@ def test_a_dig_that_leaves_nowhere_to_dump_is_masked(env32, legacy_env):
     dumpability[16, 12] = 1  # behind the base, in reach of the cabin turned round
     state = build(env32, target=target, dumpability=dumpability)
     assert bool(env32.action_mask(state)[A.DO])
+
+
+def corridor(far_target: bool):
+    """A corridor 5 rows wide (rows 14..18, obstacle rows 13 and 19 to the east edge,
+    closed at col 10) with the agent at the centre, heading 0. Its arm (heading 0) reaches
+    every tile of col 20 inside it: a dig there walls the base into cols 11..19. With
+    `far_target`, a target further east at (16, 28) is then cut off."""
+    obstacles = np.zeros((N, N), np.int8)
+    obstacles[[13, 19], 10:] = 1
+    obstacles[13:20, 10] = 1
+    target = np.zeros((N, N), np.int8)
+    target[14:19, 20] = -1
+    if far_target:
+        target[16, 28] = -1
+    return target, obstacles
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_a_dig_that_walls_off_the_last_targets_is_masked(env32, step32, legacy_env,
+                                                        agent_type):
+    target, obstacles = corridor(far_target=True)
+    state = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(env32.valid_actions(state)[A.DO]) and not bool(env32.action_mask(state)[A.DO])
+    assert bool(env32.action_mask(state)[A.FORWARD])  # driving on towards (16, 28) is not
+    # The dig is what walls the base in: it happens, and afterwards no pose reaches (16, 28).
+    _, dug, *_ = step(step32, state, A.DO)
+    assert (np.asarray(dug.action_map)[14:19, 20] == -1).all()
+    # Without the far target the same dig finishes the task; with the rule off it is allowed.
+    target, obstacles = corridor(far_target=False)
+    state = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(env32.action_mask(state)[A.DO])
+    target, obstacles = corridor(far_target=True)
+    legacy = build(legacy_env, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(legacy_env.action_mask(legacy)[A.DO])
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
+    """The flood fill of the cut-off rule and the scripted solver's pose graph (numpy, each
+    move simulated by the env) agree pose for pose on random 16x16 maps with obstacles, dug
+    tiles and soil piles."""
+    from envs.reachability import make_reachable_poses
+    from envs.solver_geometry import shortest_paths
+    from envs.solver_planner import H, Planner
+
+    config = EnvConfig(map_size=16)
+    reachable = jax.jit(make_reachable_poses(config))
+    rng = np.random.default_rng(agent_type)
+    checked = 0
+    for _ in range(6):
+        obstacles = (rng.random((16, 16)) < 0.08).astype(np.int8)
+        action_map = rng.choice(np.array([-1, 0, 0, 0, 0, 1, 2], np.int8), size=(16, 16))
+        target = np.zeros((16, 16), np.int8)
+        planner = Planner(config, agent_type, target, obstacles)
+        free = np.flatnonzero(planner._free_poses(action_map.ravel()))
+        if free.size == 0:
+            continue
+        pose = int(rng.choice(free))
+        pos, heading = divmod(pose // H, 16), pose % H
+        node = planner.node_of(pos, heading, 0)
+        dist, _, _ = shortest_paths(planner.graph, node, planner._free_poses(action_map.ravel()))
+        expected = np.zeros(16 * 16 * H, bool)
+        expected[planner.pose_of(np.flatnonzero(dist >= 0))] = True
+        reach = reachable(jnp.asarray(action_map), jnp.asarray(obstacles),
+                          jnp.asarray(pos, jnp.int32), jnp.int32(heading),
+                          jnp.bool_(agent_type == A.WHEELED))
+        got = np.asarray(reach).transpose(1, 2, 0).ravel()  # (row, col, heading) like the planner
+        assert (got == expected).all(), (int(got.sum()), int(expected.sum()))
+        checked += int(expected.sum()) > 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_packed_shifts_equal_boolean_shifts(size):
+    """The cut-off rule's flood fill shifts maps packed 32 columns to a word; every shift it
+    uses (moves, footprints, the arm's ring: |offset| <= 10) equals the plain one."""
+    from envs.reachability import _moved, pack, unpack
+
+    rng = np.random.default_rng(size)
+    x = rng.random((2, size, size)) < 0.4
+    assert (np.asarray(unpack(pack(jnp.asarray(x)), size)) == x).all()
+    for dr, dc in [(0, 0), (1, 0), (-2, 0), (0, 1), (0, -1), (3, -5), (-9, 10), (10, 9)]:
+        expected = np.zeros_like(x)
+        rows = slice(max(dr, 0), size + min(dr, 0))
+        cols = slice(max(dc, 0), size + min(dc, 0))
+        expected[:, rows, cols] = x[:, max(-dr, 0):size - max(dr, 0),
+                                    max(-dc, 0):size - max(dc, 0)]
+        got = np.asarray(unpack(_moved(pack(jnp.asarray(x)), dr, dc, size), size))
+        assert (got == expected).all(), (dr, dc)

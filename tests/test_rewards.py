@@ -459,9 +459,10 @@ def test_terminal_bonus_only_on_termination_never_on_timeout(env32, step32):
 
 @pytest.fixture(scope="module")
 def every_action_outcome():
-    """(config, states [S], mask bool [S, 8], reward [S, 8], terms {name: [S, 8]},
+    """(config, states [S], valid bool [S, 8], reward [S, 8], terms {name: [S, 8]},
     numerator before [S], numerator after [S, 8], totals [S]) for every action from 256
-    random states (loaded, wheeled, near obstacles and map edges)."""
+    random states (loaded, wheeled, near obstacles and map edges). `valid`: the actions
+    that change the state (`ExcavationEnv.valid_actions`; the action mask may forbid more)."""
     env = run_rollouts(16).env
     states = synthetic_states(env, seed=3, count=256)
 
@@ -470,7 +471,7 @@ def every_action_outcome():
             _, after, reward, terminated, _, info = env.step_no_reset(None, state, action, None)
             return reward, terminated, info["reward_terms"], potential_numerator(after)
 
-        return (env.action_mask(state), potential_numerator(state),
+        return (env.valid_actions(state), potential_numerator(state),
                 jax.vmap(one)(jnp.arange(A.NUM_ACTIONS)))
 
     mask, before, (reward, terminated, terms, after) = jax.device_get(

@@ -1,0 +1,172 @@
+"""Targets cut off: undug target tiles no pose the base can still drive to reaches with its
+arm. Dug tiles block the base for good, so a dig in the wrong order can wall the excavator
+off from the targets it has left, or wall it into its own pose (`EnvConfig.mask_cut_off_digs`).
+
+A flood fill over the base poses (base heading, row, col) from the agent's pose, with the
+agent type's own moves, into poses whose footprint lies inside the map on traversable tiles:
+
+- tracked: FORWARD/BACKWARD along the heading, base turns in place;
+- wheeled: FORWARD/BACKWARD along an arc with wheel angle -1, 0 or +1 (the wheels turn in
+  place, so every angle is available before a move; `wheel_angle_limit` 1).
+
+A target is reachable when it lies in the workspace ring of a reachable position (the union
+of the 12 arm sectors; at every map size the ring starts beyond the footprint). The test is
+exact for the moves and errs on the side of reachable for the arm: it ignores whether the
+pose has dump space for the load.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs import excavation
+from envs import geometry as geo
+from envs.config import EnvConfig
+
+H = geo.NUM_HEADINGS
+
+
+def _offsets(mask: np.ndarray, radius: int) -> tuple[tuple[int, int], ...]:
+    rows, cols = np.nonzero(mask)
+    return tuple(zip((rows - radius).tolist(), (cols - radius).tolist(), strict=True))
+
+
+def footprint_offsets(config: EnvConfig) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per base heading, the (row, col) offsets of the footprint tiles from its centre."""
+    radius = math.ceil(config.footprint_radius)
+    cells = np.arange(-radius, radius + 1, dtype=np.float64)
+    return tuple(
+        _offsets(geo._footprint_np(config, cells[:, None], cells[None, :], heading), radius)
+        for heading in range(H)
+    )
+
+
+def ring_offsets(config: EnvConfig) -> tuple[tuple[int, int], ...]:
+    """(row, col) offsets of the tiles some arm heading reaches (the 12 sectors' union)."""
+    radius = math.ceil(config.workspace_radii[1])
+    cells = np.arange(-radius, radius + 1, dtype=np.float32)
+    window = geo.Window(
+        jnp.zeros(2, jnp.int32), jnp.asarray(cells[:, None]), jnp.asarray(cells[None, :])
+    )
+    sectors = np.asarray(geo.sector_masks(config, window, jnp.arange(H)))
+    return _offsets(sectors.any(axis=0), radius)
+
+
+# Boolean maps are packed 32 columns to a uint32 word: a map [N, N] becomes [N, ceil(N / 32)]
+# words, so the flood fill's shifts and ORs touch 32 tiles per operation.
+WORD = 32
+
+
+def pack(x: jax.Array) -> jax.Array:
+    """bool [..., N, N] -> uint32 [..., N, ceil(N / 32)], column c at bit c % 32 of word c // 32."""
+    n = x.shape[-1]
+    words = -(-n // WORD)
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, words * WORD - n)])
+    bits = padded.reshape(*x.shape[:-1], words, WORD).astype(jnp.uint32)
+    return jnp.sum(bits << jnp.arange(WORD, dtype=jnp.uint32), axis=-1, dtype=jnp.uint32)
+
+
+def unpack(x: jax.Array, n: int) -> jax.Array:
+    """uint32 [..., N, words] -> bool [..., N, N] (the inverse of `pack`)."""
+    bits = (x[..., None] >> jnp.arange(WORD, dtype=jnp.uint32)) & 1
+    return bits.reshape(*x.shape[:-1], -1)[..., :n].astype(bool)
+
+
+def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
+    """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
+    the map (|dc| < 32)."""
+    if dr:
+        rows = [(0, 0)] * (x.ndim - 2) + [(max(dr, 0), max(-dr, 0)), (0, 0)]
+        x = jnp.pad(x, rows)[..., max(-dr, 0) : max(-dr, 0) + n, :]
+    if dc == 0:
+        return x
+    zero = jnp.zeros_like(x[..., :1])
+    shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
+    if dc > 0:  # towards higher columns: bits move up, carrying from the word below
+        below = jnp.concatenate([zero, x[..., :-1]], axis=-1)
+        y = (x << shift) | (below >> back)
+    else:
+        above = jnp.concatenate([x[..., 1:], zero], axis=-1)
+        y = (x >> shift) | (above << back)
+    if n % WORD:  # clear the bits beyond the last column
+        last = jnp.uint32((1 << (n % WORD)) - 1)
+        y = y.at[..., -1].set(y[..., -1] & last)
+    return y
+
+
+def make_reachable_poses(config: EnvConfig):
+    """`reachable(action_map, obstacles, pos, heading, is_wheeled) -> bool [12, N, N]`: the
+    base poses (heading, row, col) the agent can drive to from (pos, heading) on these maps.
+    Maps int8 [N, N], pos int32 [2], heading int32 [], is_wheeled bool []."""
+    reachable_packed = _make_reachable_packed(config)
+    return lambda *args: unpack(reachable_packed(*args), config.map_size)
+
+
+def _make_reachable_packed(config: EnvConfig):
+    footprints = footprint_offsets(config)
+    steps = geo.move_displacements(config.move_step)  # [24, 2], per 15-degree angle
+    n = config.map_size
+
+    def grow(reach, pose_free, is_wheeled):
+        straight, arcs = [], [jnp.zeros_like(reach[0])] * H
+        for h in range(H):
+            dr, dc = (int(v) for v in steps[2 * h])
+            straight.append(_moved(reach[h], dr, dc, n) | _moved(reach[h], -dr, -dc, n))
+            for wheel in (-1, 1):
+                fr, fc = (int(v) for v in steps[(2 * h + wheel) % (2 * H)])
+                br, bc = (int(v) for v in steps[(2 * h - wheel) % (2 * H)])
+                arcs[(h + wheel) % H] = arcs[(h + wheel) % H] | _moved(reach[h], fr, fc, n)
+                arcs[(h - wheel) % H] = arcs[(h - wheel) % H] | _moved(reach[h], -br, -bc, n)
+        turns = jnp.roll(reach, 1, axis=0) | jnp.roll(reach, -1, axis=0)
+        moved = jnp.stack(straight) | jnp.where(is_wheeled, jnp.stack(arcs), turns)
+        return reach | (moved & pose_free)
+
+    def reachable(action_map, obstacles, pos, heading, is_wheeled):
+        free = pack(excavation.traversable(obstacles, action_map, config.drivable_soil_height))
+        all_ones = jnp.full_like(free, jnp.uint32(0xFFFFFFFF))
+        pose_free = jnp.stack([
+            functools.reduce(jnp.bitwise_and, [_moved(free, -dr, -dc, n) for dr, dc in tiles],
+                             all_ones)
+            for tiles in footprints
+        ])  # [12, N, words]: the footprint of (heading, row, col) on traversable tiles
+        rows, cols = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
+        start = pack(
+            (jnp.arange(H)[:, None, None] == heading)
+            & (rows == pos[0])[None]
+            & (cols == pos[1])[None]
+        )
+
+        def body(carry):
+            reach, _ = carry
+            grown = grow(reach, pose_free, is_wheeled)
+            return grown, jnp.any(grown != reach)
+
+        reach, _ = jax.lax.while_loop(lambda c: c[1], body, (start, jnp.bool_(True)))
+        return reach
+
+    return reachable
+
+
+def make_targets_cut_off(config: EnvConfig):
+    """`cut_off(target_map, action_map, obstacles, pos, heading, is_wheeled) -> bool []`:
+    True when an undug target (target -1, action 0) lies in the workspace ring of no position
+    the base can reach from (pos, heading) (`make_reachable_poses`; same arguments)."""
+    reachable = _make_reachable_packed(config)
+    ring = ring_offsets(config)
+    n = config.map_size
+
+    def cut_off(target_map, action_map, obstacles, pos, heading, is_wheeled):
+        reach = reachable(action_map, obstacles, pos, heading, is_wheeled)
+        positions = functools.reduce(jnp.bitwise_or, list(reach))
+        covered = functools.reduce(
+            jnp.bitwise_or, [_moved(positions, dr, dc, n) for dr, dc in ring]
+        )
+        undug = pack((target_map == -1) & (action_map == 0))
+        return jnp.any((undug & ~covered) != 0)
+
+    return cut_off
