@@ -104,11 +104,12 @@ class EnvConfig:
     mask_dead_end_digs: bool = True
     """Mask a DO that would dig where, afterwards, no arm heading of the pose reaches a tile
     to dump on: a loaded excavator cannot move, so the episode could never be finished."""
-    mask_cut_off_digs: bool = True
+    mask_cut_off_digs: bool = False
     """Mask a DO that would dig where, afterwards, an undug target lies in reach of no pose
     the base can still drive to (`envs.reachability`): dug tiles block the base for good, so
-    the task could never be finished. A flood fill per step: about 1.2x the step's time at
-    16x16 (docs/PERFORMANCE.md)."""
+    the task could never be finished. Off by default for its cost: a flood fill over the map
+    every step, which at 256 envs takes the step from 34k to 4.7k env steps/s at 64x64 and
+    to 18k at 32x32 on the 2-core CPU (docs/PERFORMANCE.md); `cpu_demo` (16x16) turns it on."""
     revisit_memory: int = 128
     """With > 0, the action mask forbids a move, base, wheel or cabin turn that returns to
     one of the last `revisit_memory` poses since the last dig or dump, and a DO that would

@@ -57,9 +57,10 @@ class TrainConfig:
     """DO picks up only soil outside the dump zones of maps with zones (envs.config)."""
     mask_dead_end_digs: bool = True
     """The action mask forbids a dig after which the load could be dumped nowhere."""
-    mask_cut_off_digs: bool = True
+    mask_cut_off_digs: bool = False
     """The action mask forbids a dig after which an undug target is in reach of no pose the
-    base can still drive to (envs.reachability)."""
+    base can still drive to (envs.reachability; a flood fill per step, costly on 32x32 and
+    64x64 maps: docs/PERFORMANCE.md)."""
     revisit_memory: int = 128
     """The action mask forbids returning to one of this many recent poses since the last dig
     or dump (envs.config.EnvConfig.revisit_memory); 0 = off."""
@@ -272,6 +273,7 @@ PRESETS: dict[str, TrainConfig] = {
         hidden_dim=128,
         use_compass=True,
         use_dig_distance=True,  # the way to the last targets (docs/RESULTS.md)
+        mask_cut_off_digs=True,  # a third slower at 16x16, and the main failure before it
         stall_steps=64,  # a policy caught in a loop restarts on a fresh map after 64 steps
         precision="float32",
         log_train_interval=10,

@@ -52,9 +52,9 @@ def test_other_presets():
     demo = get_preset("cpu_demo")
     assert demo.map_size <= 32 and demo.precision == "float32"
     # The tests' tiny config keeps cpu_demo's maps, curriculum, encoder, compass, dig
-    # distance and stall limit, so CLI tests on the preset share its compiled functions.
+    # distance, cut-off mask and stall limit, so CLI tests on the preset share its compiles.
     for name in ("map_size", "map_types", "curriculum", "map_encoder", "use_action_mask",
-                 "use_compass", "use_dig_distance", "stall_steps"):
+                 "use_compass", "use_dig_distance", "mask_cut_off_digs", "stall_steps"):
         assert small.SMOKE_FIELDS[name] == getattr(demo, name), name
     assert demo.curriculum and demo.curriculum[-1] in demo.map_types
     for name in PRESETS:

@@ -211,23 +211,31 @@ def corridor(far_target: bool):
     return target, obstacles
 
 
+@pytest.fixture(scope="module")
+def cut_off_env():
+    """The default env with the cut-off rule (`mask_cut_off_digs`, off by default)."""
+    return ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_digs=True))
+
+
 @pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
-def test_a_dig_that_walls_off_the_last_targets_is_masked(env32, step32, legacy_env,
+def test_a_dig_that_walls_off_the_last_targets_is_masked(cut_off_env, env32, step32,
                                                         agent_type):
     target, obstacles = corridor(far_target=True)
-    state = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
-    assert bool(env32.valid_actions(state)[A.DO]) and not bool(env32.action_mask(state)[A.DO])
-    assert bool(env32.action_mask(state)[A.FORWARD])  # driving on towards (16, 28) is not
-    # The dig is what walls the base in: it happens, and afterwards no pose reaches (16, 28).
-    _, dug, *_ = step(step32, state, A.DO)
+    state = build(cut_off_env, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(cut_off_env.valid_actions(state)[A.DO])
+    assert not bool(cut_off_env.action_mask(state)[A.DO])
+    assert bool(cut_off_env.action_mask(state)[A.FORWARD])  # driving on to (16, 28) is not
+    # The dig is what walls the base in (the same dynamics with the rule off).
+    _, dug, *_ = step(step32, build(env32, target=target, obstacles=obstacles,
+                                    agent_type=agent_type), A.DO)
     assert (np.asarray(dug.action_map)[14:19, 20] == -1).all()
     # Without the far target the same dig finishes the task; with the rule off it is allowed.
     target, obstacles = corridor(far_target=False)
-    state = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
-    assert bool(env32.action_mask(state)[A.DO])
+    state = build(cut_off_env, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(cut_off_env.action_mask(state)[A.DO])
     target, obstacles = corridor(far_target=True)
-    legacy = build(legacy_env, target=target, obstacles=obstacles, agent_type=agent_type)
-    assert bool(legacy_env.action_mask(legacy)[A.DO])
+    default = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
+    assert bool(env32.action_mask(default)[A.DO])
 
 
 @pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
