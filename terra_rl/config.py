@@ -388,7 +388,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     elif c.curriculum:
         raise ConfigError("--curriculum needs --env excavation (gymnax envs have no map levels)")
     elif c.use_dig_distance:
-        raise ConfigError("--enable_dig_distance needs --env excavation (gymnax envs have no map)")
+        raise ConfigError("--enable_dig_distance needs --env excavation (gymnax envs have no "
+                          "map); add --disable_dig_distance")
 
 
 def _validate_excavation(c: TrainConfig) -> None:

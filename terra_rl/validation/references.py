@@ -151,6 +151,10 @@ def expected_parameter_count(
         # 12 sectors x 5 distance bins x 4 layers, two Dense, and their 64 trunk inputs.
         compass_inputs = COMPASS_SECTORS * COMPASS_DISTANCE_BINS * COMPASS_LAYERS
         trunk += dense(compass_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
+    if policy_config.dig_distance:
+        # 2 + 3 x 12 direction features of docs/MODEL.md, two Dense, and their 64 trunk inputs.
+        dig_distance_inputs = 2 + 3 * COMPASS_SECTORS
+        trunk += dense(dig_distance_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
     if policy_config.egocentric_radius:
         # A square of 2r + 1 tiles x the compass's 4 layers, Dense 128 and 64, 64 trunk inputs.
         view_inputs = (2 * policy_config.egocentric_radius + 1) ** 2 * COMPASS_LAYERS
