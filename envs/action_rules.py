@@ -1,6 +1,7 @@
-"""The two rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
-`EnvConfig.revisit_memory`): no dig that leaves a load with nowhere to go, no return to a pose
-the episode was in since its last dig or dump. Pure functions on one env's window."""
+"""Rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
+`EnvConfig.revisit_memory`; the cut-off rule's flood fill is `envs.reachability`): no dig that
+leaves a load with nowhere to go, no return to a pose the episode was in since its last dig
+or dump. Pure functions on one env's window."""
 
 from __future__ import annotations
 
@@ -41,19 +42,39 @@ def remember(config: EnvConfig, recent_poses, code, map_changed) -> jax.Array:
     return jnp.where(map_changed, fresh_memory(config, code), shifted)
 
 
-def dig_is_dead_end(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,
-                    w_obstacles, w_dump, pickable) -> jax.Array:
-    """bool []: after the dig of DO with the empty bucket, no arm heading of this pose
-    (`sectors` bool [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so
-    the load could never be dumped and the task never finished. Only meaningful where DO
-    digs: a pick-up frees its own tiles, so the caller excludes it."""
-    dig = excavation.dig_and_dump(
-        workspace, w_target, w_action, w_dump, 0, config.dig_before_pickup, pickable
-    )
+def dig_is_dead_end(config: EnvConfig, agent, window, sectors, w_target, w_obstacles,
+                    dig) -> jax.Array:
+    """bool []: after the dig of DO with the empty bucket (`dig`, the outcomes of
+    `excavation.dig_and_dump` with load 0), no arm heading of this pose (`sectors` bool
+    [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so the load could
+    never be dumped and the task never finished. Only meaningful where DO digs: a pick-up
+    frees its own tiles, so the caller excludes it."""
     under_agent = geo.footprint_mask(config, window, agent.base_heading)
     reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
     after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
     return ~jnp.any(after)
+
+
+def dig_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,
+                     w_obstacles, w_dump, pickable, full_maps, targets_cut_off) -> jax.Array:
+    """bool []: the dig of DO with the empty bucket is a dead end
+    (`EnvConfig.mask_dead_end_digs`) or cuts targets off (`EnvConfig.mask_cut_off_digs`:
+    `targets_cut_off`, `envs.reachability.make_targets_cut_off`, on `full_maps`, the (target,
+    action, obstacles) maps [N, N], with the dig pasted in). The dig is computed once for
+    both. The caller masks it only where DO would dig (empty bucket, no pick-up)."""
+    dig = excavation.dig_and_dump(
+        workspace, w_target, w_action, w_dump, 0, config.dig_before_pickup, pickable
+    )
+    forbidden = jnp.zeros((), bool)
+    if config.mask_dead_end_digs:
+        forbidden |= dig_is_dead_end(config, agent, window, sectors, w_target, w_obstacles, dig)
+    if config.mask_cut_off_digs:
+        target_map, action_map, obstacles = full_maps
+        forbidden |= targets_cut_off(
+            target_map, geo.paste(action_map, dig["dig_action"], window), obstacles,
+            agent.pos, agent.base_heading, agent.agent_type == A.WHEELED,
+        )
+    return forbidden
 
 
 def repeats(config: EnvConfig, agent: AgentState, deltas, headings, wheels, recent_poses,

@@ -450,9 +450,8 @@ class ExcavationEnv:
     ):
         """Analytic mask: four footprint checks and the DO preconditions (with
         `valid_only`, only these: the actions that would change the state), then the
-        dead-end digs (`EnvConfig.mask_dead_end_digs`), the digs that cut targets off
-        (`EnvConfig.mask_cut_off_digs`, a flood fill over `full_maps`, the (target, action,
-        obstacles) maps [N, N]) and the returns to a recent pose (`EnvConfig.revisit_memory`)."""
+        forbidden digs (`action_rules.dig_is_forbidden`, on `full_maps`) and the returns to
+        a recent pose (`EnvConfig.revisit_memory`)."""
         cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
@@ -487,22 +486,12 @@ class ExcavationEnv:
         picks_up = excavation.picks_up(
             workspace, w_target, w_action, cfg.dig_before_pickup, pickable
         )
-        if cfg.mask_dead_end_digs:  # the cabin turns stay allowed
-            dead_end = ~is_loaded & ~picks_up & action_rules.dig_is_dead_end(
+        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs:  # the cabin turns stay allowed
+            forbidden = ~is_loaded & ~picks_up & action_rules.dig_is_forbidden(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, pickable,
+                w_dump, pickable, full_maps, self._targets_cut_off,
             )
-            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(dead_end, A.DO, -1))
-        if cfg.mask_cut_off_digs:
-            target_map, action_map, obstacles = full_maps
-            dig = excavation.dig_and_dump(
-                workspace, w_target, w_action, w_dump, 0, cfg.dig_before_pickup, pickable
-            )
-            cuts_off = ~is_loaded & ~picks_up & self._targets_cut_off(
-                target_map, geo.paste(action_map, dig["dig_action"], window), obstacles,
-                agent.pos, agent.base_heading, is_wheeled,
-            )
-            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(cuts_off, A.DO, -1))
+            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(forbidden, A.DO, -1))
         if not cfg.revisit_memory:
             return mask
         strict = mask & ~action_rules.repeats(

@@ -50,10 +50,11 @@ def ring_offsets(config: EnvConfig) -> tuple[tuple[int, int], ...]:
     """(row, col) offsets of the tiles some arm heading reaches (the 12 sectors' union)."""
     radius = math.ceil(config.workspace_radii[1])
     cells = np.arange(-radius, radius + 1, dtype=np.float32)
-    window = geo.Window(
-        jnp.zeros(2, jnp.int32), jnp.asarray(cells[:, None]), jnp.asarray(cells[None, :])
-    )
-    sectors = np.asarray(geo.sector_masks(config, window, jnp.arange(H)))
+    with jax.ensure_compile_time_eval():  # constants, also when called under a trace
+        window = geo.Window(
+            jnp.zeros(2, jnp.int32), jnp.asarray(cells[:, None]), jnp.asarray(cells[None, :])
+        )
+        sectors = np.asarray(geo.sector_masks(config, window, jnp.arange(H)))
     return _offsets(sectors.any(axis=0), radius)
 
 
@@ -93,10 +94,16 @@ def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     else:
         above = jnp.concatenate([x[..., 1:], zero], axis=-1)
         y = (x >> shift) | (above << back)
-    if n % WORD:  # clear the bits beyond the last column
-        last = jnp.uint32((1 << (n % WORD)) - 1)
-        y = y.at[..., -1].set(y[..., -1] & last)
+    if n % WORD:  # clear the bits beyond the last column (a constant per word)
+        y = y & _column_bits(n)
     return y
+
+
+def _column_bits(n: int) -> np.ndarray:
+    """uint32 [ceil(N / 32)]: the bits of each word that hold a column of an N-wide map."""
+    words = np.full(-(-n // WORD), 0xFFFFFFFF, np.uint32)
+    words[-1] = (1 << (n % WORD)) - 1
+    return words
 
 
 def make_reachable_poses(config: EnvConfig):

@@ -12,6 +12,7 @@ import numpy as np
 
 from envs import actions as A
 from envs import geometry as geo
+from envs import reachability
 from envs.config import EnvConfig
 from envs.solver_geometry import (
     cabin_turns,
@@ -99,14 +100,7 @@ class Planner:
         if config.pickup_misplaced_only:
             self.pickable = self.has_zones & (self.target != 1)
         self.reach_radius = config.workspace_radii[1]
-        r_min, r_max = config.workspace_radii
-        span = np.arange(-int(r_max), int(r_max) + 1)
-        self.ring_offsets = [
-            (int(dr), int(dc))
-            for dr in span
-            for dc in span
-            if r_min**2 <= dr**2 + dc**2 <= r_max**2
-        ]
+        self.ring_offsets = reachability.ring_offsets(config)
         blocked = np.append(self.obstacle, True)[self.geometry.reach]
         self.reach = np.where(blocked, self.sentinel, self.geometry.reach)
 

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs import reachability
 from envs.config import EnvConfig
 
 NUM_DIRECTIONS = 12  # one per base heading (30 degrees), direction 0 straight ahead
@@ -27,15 +28,8 @@ NUM_FEATURES = 2 + 3 * NUM_DIRECTIONS
 
 def ring_offsets(map_size: int) -> tuple[tuple[int, int], ...]:
     """(row, col) offsets of the tiles within the arm's ring (the env's workspace radii,
-    every arm heading) around a base tile."""
-    inner, outer = EnvConfig(map_size=map_size).workspace_radii
-    reach = math.ceil(outer)
-    return tuple(
-        (dr, dc)
-        for dr in range(-reach, reach + 1)
-        for dc in range(-reach, reach + 1)
-        if inner <= math.hypot(dr, dc) <= outer
-    )
+    every arm heading) around a base tile: `envs.reachability.ring_offsets`."""
+    return reachability.ring_offsets(EnvConfig(map_size=map_size))
 
 
 def direction_offsets() -> np.ndarray:
