@@ -70,6 +70,7 @@ class Trainer:
     compiled_eval: Any = None
     compile_seconds: float = 0.0
     """Of the update (the eval's compile is not counted)."""
+    eval_compile_seconds: float = 0.0
     trace_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """How often the update and the eval were traced ("update", "eval"): once each per
     trainer, whatever the updates, evals, checkpoints and resumes of its runs."""
@@ -97,12 +98,23 @@ class Trainer:
     def init_runner(self) -> RunnerState:
         """Fresh runner state: one key per device split over the global device count, so
         every device of every process steps its own envs."""
+        runner = self.init_fn(*self._local(*self._init_args()))
+        return distributed.to_global(runner, self.sharding)
+
+    def abstract_runner(self) -> RunnerState:
+        """What `init_runner` returns as `jax.ShapeDtypeStruct`s (global shapes), traced
+        but neither compiled nor run: all a checkpoint restore needs."""
+        local = jax.eval_shape(self.init_fn, *self._local(*self._init_args()))
+        return jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct((self.num_devices, *leaf.shape[1:]), leaf.dtype),
+            local,
+        )
+
+    def _init_args(self):
         key = jax.random.PRNGKey(self.config.seed)
         device_keys = jax.random.split(jax.random.fold_in(key, 0), self.num_devices)
         params_key = self.replicate(jax.random.fold_in(key, 1))
-        runner = self.init_fn(*self._local(self.shard(np.asarray(device_keys)), params_key,
-                                           self.env_params))
-        return distributed.to_global(runner, self.sharding)
+        return self.shard(np.asarray(device_keys)), params_key, self.env_params
 
     def compile_update(self, runner: RunnerState):
         """The update compiled ahead of time (once per trainer), timing the compile. It takes
@@ -141,7 +153,9 @@ class Trainer:
         if self.compiled_eval is None:
             args = self._local(runner.policy.params, self.eval_keys(), self.eval_env_params,
                                self.replicate(np.bool_(False)))
+            start = time.perf_counter()
             self.compiled_eval = self.eval_fn.lower(*args).compile()
+            self.eval_compile_seconds = time.perf_counter() - start
         return self.compiled_eval
 
     def eval_keys(self):
@@ -307,15 +321,18 @@ def train(
     num_updates = config.num_updates
     last_update = num_updates if stop_after is None else min(stop_after, num_updates)
 
-    runner = trainer.init_runner()
+    setup_start = time.perf_counter()
     start = 0
     if resume:
-        # Shapes and dtypes are all restore needs; no copy of the fresh state to the host.
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), runner)
+        # Shapes and dtypes are all restore needs: no init to compile or run.
+        target = trainer.abstract_runner()
         restored, _ = checkpoints.restore(None, target)
         runner = trainer.shard(restored)
         start = int(np.asarray(restored.counters.update).reshape(-1)[0])
         logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
+    else:
+        runner = trainer.init_runner()
+    state_seconds = time.perf_counter() - setup_start
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                           runner.policy.params)
     processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
@@ -332,6 +349,13 @@ def train(
     if baseline_eval or any(_is_due(done, config.log_eval_interval, done == num_updates)
                             for done in range(start + 1, last_update + 1)):
         trainer.compile_eval(runner)
+        # Where the wait before the first update went (the update's compile is the largest
+        # part, not all of it; docs/PERFORMANCE.md).
+        logger.message(
+            f"eval compiled in {trainer.eval_compile_seconds:.1f} s; first update after "
+            f"{time.perf_counter() - setup_start:.1f} s ({'restore' if resume else 'init'} "
+            f"{state_seconds:.1f} s)"
+        )
     # Processes compile at different speeds; meet before the first collective.
     distributed.barrier("compiled")
 

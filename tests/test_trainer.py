@@ -246,6 +246,18 @@ def test_gymnax_cartpole_trains():
     assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
 
 
+def test_abstract_runner_is_the_fresh_state_without_running_init(tiny_trainer):
+    """A resume restores into `abstract_runner()` instead of a fresh state it would throw
+    away: the same tree, shapes and dtypes as `init_runner()`, and no arrays."""
+    abstract = tiny_trainer.abstract_runner()
+    fresh = tiny_trainer.init_runner()
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(abstract))
+    assert jax.tree.structure(abstract) == jax.tree.structure(fresh)
+    assert jax.tree.leaves(jax.tree.map(lambda x: (x.shape, x.dtype), abstract)) == \
+        jax.tree.leaves(jax.tree.map(lambda x: (x.shape, x.dtype), fresh))
+    assert jax.tree.leaves(abstract)[0].shape[0] == NUM_DEVICES
+
+
 def test_several_updates_per_dispatch_match_one_per_dispatch(tmp_path):
     """CartPole on 4 devices, 10 updates, evals every 4 and checkpoints every 5: three updates
     per dispatch give the same final state and the same logged metrics, update by update,
