@@ -378,12 +378,13 @@ class ExcavationEnv:
 
     def action_mask(self, state: EnvState) -> jax.Array:
         """bool [8]: `obs["action_mask"]` of `state`: the actions that would change the state
-        (`valid_actions`), less dead-end digs and returns to a recent pose (see `EnvConfig`)."""
+        (`valid_actions`), less forbidden digs (dead ends, targets cut off) and returns to a
+        recent pose (see `EnvConfig`)."""
         return self.observation(state)["action_mask"]
 
     def valid_actions(self, state: EnvState) -> jax.Array:
         """bool [8]: True where the action would change the state; DO_NOTHING unless
-        `EnvConfig.mask_do_nothing`. The action mask before its dead-end and revisit rules."""
+        `EnvConfig.mask_do_nothing`. The action mask before its dig and revisit rules."""
         window, *layers = self._window_layers(state)
         arm = (state.agent.base_heading + state.agent.cabin_heading) % geo.NUM_HEADINGS
         arm_headings = (arm + jnp.arange(geo.NUM_HEADINGS)) % geo.NUM_HEADINGS
