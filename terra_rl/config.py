@@ -137,6 +137,10 @@ class TrainConfig:
     egocentric_radius: int = 0
     """With > 0, feed the policy the map around the agent, turned to its base heading, a square
     of 2 * radius + 1 tiles (`terra_rl.egocentric`); 0 turns it off."""
+    map_pool: int = 1
+    """Average the global map channels over map_pool x map_pool tiles before the map encoder
+    (a divisor of map_size): 2 at 32x32 feeds the encoder 16x16, a quarter of the flat
+    encoder's work, which is most of the network's at that size."""
     precision: str = "bfloat16"
     """Model compute dtype: float32, bfloat16 or float16 (parameters are float32)."""
 
@@ -321,7 +325,7 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     positive = (
         "num_envs_per_device num_steps total_timesteps update_epochs num_minibatches "
         "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints "
-        "updates_per_dispatch"
+        "updates_per_dispatch map_pool"
     ).split()
     for name in positive:
         if getattr(c, name) < 1:
@@ -403,6 +407,9 @@ def _validate_excavation(c: TrainConfig) -> None:
         raise ConfigError(f"--map_types must be a comma list of {MAP_TYPES}, got {c.map_types}")
     if not 0.0 <= c.wheeled_fraction <= 1.0:
         raise ConfigError(f"--wheeled_fraction must be in [0, 1], got {c.wheeled_fraction}")
+    if c.map_size % c.map_pool:
+        raise ConfigError(f"--map_pool {c.map_pool} must divide --map_size {c.map_size}; "
+                          "pick a divisor (1 turns pooling off)")
     if c.use_dig_distance and c.drivable_soil_height != 1:
         raise ConfigError("--enable_dig_distance assumes --drivable_soil_height 1 (its free "
                           f"tiles), got {c.drivable_soil_height}; drop one of the two")

@@ -69,6 +69,10 @@ class PolicyConfig:
     egocentric_radius: int = 0
     """With > 0, add the map around the agent turned to its base heading
     (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""
+    map_pool: int = 1
+    """Average the global map channels over `map_pool` x `map_pool` tiles before the map
+    encoder (excavation only; the map size must be a multiple). At 32x32 with 2 the flat
+    encoder's first layer, most of the network's work, gets a quarter of the inputs."""
     conv_as_matmul: bool = False
     """Compute convolutions as patches times a matrix (`PatchConv`, the same parameters):
     fast inside XLA:CPU loops, so the PPO loops need not be unrolled (`uses_convolutions`)."""
@@ -89,6 +93,8 @@ class PolicyConfig:
                 f"map_feature_dim and hidden_dim must be >= 1, got {self.map_feature_dim}, "
                 f"{self.hidden_dim}"
             )
+        if self.map_pool < 1:
+            raise ValueError(f"map_pool must be >= 1, got {self.map_pool}")
         if self.egocentric_radius < 0:
             raise ValueError(f"egocentric_radius must be >= 0, got {self.egocentric_radius}")
         if self.map_encoder == "none" and not (self.compass or self.egocentric_radius):
@@ -275,16 +281,28 @@ def map_channels(obs: dict) -> jax.Array:
     return jnp.stack(layers, axis=-1)
 
 
+def pool_tiles(maps: jax.Array, factor: int) -> jax.Array:
+    """[..., N, N, C] -> [..., N / factor, N / factor, C]: the mean over each `factor` x
+    `factor` block of tiles."""
+    if factor == 1:
+        return maps
+    *batch, size, _, channels = maps.shape
+    if size % factor:
+        raise ValueError(f"map_pool {factor} must divide the map size {size}")
+    blocks = maps.reshape(*batch, size // factor, factor, size // factor, factor, channels)
+    return blocks.mean(axis=(-4, -2))
+
+
 class ExcavationEncoder(nn.Module):
     """All observation parts -> trunk features [B, hidden_dim].
 
-    Submodules: `map_encoder` (over `map_channels`, zero-padded to 8 channels; absent with
-    `map_encoder="none"`), `base_heading_embed`, `cabin_heading_embed`, `wheel_angle_embed`
-    and `agent_type_embed` (inputs of `agent_state_mlp`), `local_maps_mlp`,
-    `last_actions_embed`, `compass_mlp` and `dig_distance_mlp` (with those `PolicyConfig`
-    flags), `egocentric_mlp` (with `PolicyConfig.egocentric_radius`), and `trunk` (2 x Dense
-    hidden_dim + relu over the concatenated features).
-    """
+    Submodules: `map_encoder` (over `map_channels` pooled by `PolicyConfig.map_pool`,
+    zero-padded to 8 channels; absent with `map_encoder="none"`), `base_heading_embed`,
+    `cabin_heading_embed`, `wheel_angle_embed` and `agent_type_embed` (inputs of
+    `agent_state_mlp`), `local_maps_mlp`, `last_actions_embed`, `compass_mlp` and
+    `dig_distance_mlp` (with those `PolicyConfig` flags), `egocentric_mlp` (with
+    `PolicyConfig.egocentric_radius`), and `trunk` (2 x Dense hidden_dim + relu over the
+    concatenated features)."""
 
     config: PolicyConfig
 
@@ -295,10 +313,9 @@ class ExcavationEncoder(nn.Module):
         if cfg.map_encoder != "none":  # "none": the policy sees the map only egocentrically
             encoder_cls = _MAP_ENCODER_CLASSES[cfg.map_encoder]
             options = {} if cfg.map_encoder == "flat" else {"conv_as_matmul": cfg.conv_as_matmul}
+            channels = pool_tiles(map_channels(obs), cfg.map_pool)
             parts.append(encoder_cls(cfg.map_feature_dim, dtype=dtype, name="map_encoder",
-                                     **options)(
-                _pad_channels(map_channels(obs)).astype(dtype)
-            ))
+                                     **options)(_pad_channels(channels).astype(dtype)))
 
         agent = obs["agent_state"]
         size = obs["target_map"].shape[-1]
@@ -334,14 +351,13 @@ class ExcavationEncoder(nn.Module):
         action_features = actions.reshape(*actions.shape[:-2], -1).astype(dtype)
 
         parts += [agent_features, local_features, action_features]
-        blocks = (("compass_mlp", compass, cfg.compass),
-                  ("dig_distance_mlp", dig_distance_features, cfg.dig_distance))
-        for name, features_of, enabled in blocks:
-            if enabled:  # observation features without parameters, then two Dense 64
-                mlp = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name=name)
-                parts.append(mlp(features_of(obs).astype(dtype)))
+        derived = derived_features(obs, cfg)
+        for key in ("compass", "dig_distance"):
+            if key in derived:  # observation features without parameters, then two Dense 64
+                mlp = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name=f"{key}_mlp")
+                parts.append(mlp(derived[key].astype(dtype)))
         if cfg.egocentric_radius:
-            view = egocentric_view(obs, cfg.egocentric_radius)
+            view = derived["egocentric_view"]
             parts.append(
                 _Mlp((EGOCENTRIC_MLP_DIM, SMALL_MLP_DIM), dtype, name="egocentric_mlp")(
                     view.reshape(*view.shape[:-3], -1).astype(dtype)
@@ -351,12 +367,38 @@ class ExcavationEncoder(nn.Module):
         return _Mlp((cfg.hidden_dim, cfg.hidden_dim), dtype, name="trunk")(features)
 
 
+def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
+    """The parameter-free observation features `config` asks for: "compass" float32
+    [..., 240], "dig_distance" float32 [..., 38], "egocentric_view" float32 [..., S, S, 4].
+    A key already in `obs` is taken from it, not computed again."""
+    wanted = {
+        "compass": (config.compass, compass),
+        "dig_distance": (config.dig_distance, dig_distance_features),
+        "egocentric_view": (config.egocentric_radius > 0,
+                            lambda o: egocentric_view(o, config.egocentric_radius)),
+    }
+    return {key: obs[key] if key in obs else features_of(obs)
+            for key, (enabled, features_of) in wanted.items() if enabled}
+
+
+def with_derived_features(policy: nn.Module, obs):
+    """`obs` plus the excavation policy's `derived_features`, computed once: a rollout
+    stores them with its observations, so the update's epochs x minibatches of gradient
+    passes read them instead of recomputing them (at 32x32 the dig distance and the compass
+    cost as much as the rest of the forward pass). Any other policy's `obs` is returned
+    as it is."""
+    if not isinstance(policy, ExcavationPolicy):
+        return obs
+    return {**obs, **derived_features(obs, policy.config)}
+
+
 class ExcavationPolicy(nn.Module):
     """Actor-critic for the excavation env's observation dict.
 
     obs: agent_state int32 [B, 6], agent_type int32 [B], local_maps int16 [B, 12, 6],
     target_map / action_map / obstacles / dumpability int8 [B, N, N], last_actions int32
-    [B, K]; `action_mask` is ignored. Any number of leading batch dims works.
+    [B, K]; `action_mask` is ignored; keys of `derived_features` present in `obs` are used
+    instead of computed (`with_derived_features`). Any number of leading batch dims works.
     Returns logits float32 [B, num_actions], value float32 [B].
     """
 

@@ -8,7 +8,8 @@ the trainer's pmapped update on `num_devices`):
     policy_forward      `num_steps` policy forward passes on a batch of observations
     rollout             `num_steps` of policy forward, sampling and env step
     gae                 GAE over the rollout's [num_steps, num_envs] arrays
-    minibatch_gradient  one minibatch's PPO loss and gradient
+    minibatch_gradient  one minibatch's PPO loss and gradient (the observations carry their
+                        parameter-free features, as the trainer stores them)
     optimizer_apply     one optimizer step (optax update + apply)
     full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches
     host_overhead       what the host loop adds per update when it logs (metrics to host)
@@ -21,6 +22,7 @@ sections compare on one scale: the update cannot be faster than its slowest part
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -31,6 +33,7 @@ import optax
 from terra_rl import ppo
 from terra_rl.benchmarking import time_repeated
 from terra_rl.config import TrainConfig
+from terra_rl.models import with_derived_features
 from terra_rl.trainer import Trainer, build_trainer, host_metrics
 from terra_rl.update import make_loss_and_grads, policy_outputs
 
@@ -111,6 +114,8 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
     minibatch = envs * steps // config.num_minibatches
     batch_obs = jax.tree.map(lambda x: jnp.concatenate([x] * -(-minibatch // envs))[:minibatch],
                              obs)
+    # As in the trainer, the stored minibatch carries the parameter-free features.
+    batch_obs = jax.jit(functools.partial(with_derived_features, policy))(batch_obs)
     batch = {"obs": batch_obs, "action": jnp.zeros((minibatch,), jnp.int32),
              "log_prob": jnp.full((minibatch,), -2.0), "value": jnp.zeros((minibatch,)),
              "advantage": jnp.linspace(-1.0, 1.0, minibatch), "return": jnp.ones((minibatch,))}

@@ -194,6 +194,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         compass=config.use_compass,
         dig_distance=config.use_dig_distance,
         egocentric_radius=config.egocentric_radius,
+        map_pool=config.map_pool,
         image_encoder=config.image_encoder,
         gymnax_activation=config.gymnax_activation,
         conv_as_matmul=config.conv_impl == "patches"

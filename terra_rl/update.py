@@ -18,7 +18,7 @@ from flax import struct
 from terra_rl import loss_scaling, ppo
 from terra_rl.config import TrainConfig
 from terra_rl.loss_scaling import LossScale
-from terra_rl.models import uses_convolutions
+from terra_rl.models import uses_convolutions, with_derived_features
 from terra_rl.precision import apply_action_mask, gradient_norms, to_float32
 
 AXIS = "device"
@@ -194,6 +194,7 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
     def rollout_step(env_params, carry, _):
         params, env_state, obs, rng, counters = carry
         rng, key_action, key_env = jax.random.split(rng, 3)
+        obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
         logits, value = outputs(params, obs)
         action = jax.random.categorical(key_action, logits).astype(jnp.int32)
         age = env.episode_age(env_state)

@@ -53,6 +53,7 @@ CASES: dict[str, tuple[str, list[str], str]] = {
         TRAIN, ["--num_devices", "4", "--eval_episodes", "10"], "use a multiple of --num_devices"),
     "more devices than exist": (TRAIN, ["--num_devices", "64"], "lower --num_devices"),
     "map size": (TRAIN, ["--map_size", "20"], "--map_size must be one of"),
+    "map pool": (TRAIN, ["--map_size", "16", "--map_pool", "3"], "--map_pool 3 must divide"),
     "wheeled fraction": (TRAIN, ["--wheeled_fraction", "1.5"], "--wheeled_fraction must be in"),
     "gamma": (TRAIN, ["--gamma", "1.5"], "--gamma must be in (0, 1]"),
     "unknown map type": (TRAIN, ["--map_types", "volcanos"], "--map_types must be a comma list"),

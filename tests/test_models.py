@@ -24,7 +24,9 @@ from terra_rl.models import (
     PolicyConfig,
     make_policy,
     map_channels,
+    pool_tiles,
     uses_convolutions,
+    with_derived_features,
 )
 from terra_rl.parameters import count_parameters, parameter_groups
 from terra_rl.validation import references, small
@@ -94,7 +96,7 @@ def _gradients(case, obs):
 @pytest.mark.parametrize(
     "kwargs",
     [{"map_encoder": "vit"}, {"precision": "float64"}, {"hidden_dim": 0}, {"map_feature_dim": -1},
-     {"image_encoder": "vit"}],
+     {"image_encoder": "vit"}, {"map_pool": 0}],
 )
 def test_policy_config_rejects_bad_values(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
@@ -172,6 +174,19 @@ def test_flat_encoder_has_no_convolution(obs4, precision):
     assert {name for name, _ in ops} == {"dot_general"}
     assert len(ops) == 9
     assert_heads_float32_rest_in(ops, precision)
+
+
+def test_map_pool_averages_blocks_of_tiles(obs4):
+    maps = jnp.arange(2 * 4 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 4, 3)
+    pooled = np.asarray(pool_tiles(maps, 2))
+    assert pooled.shape == (2, 2, 2, 3)
+    np.testing.assert_allclose(pooled[1, 0, 1], np.asarray(maps[1, 0:2, 2:4]).mean(axis=(0, 1)))
+    assert pool_tiles(maps, 1) is maps
+    with pytest.raises(ValueError, match="must divide the map size"):
+        pool_tiles(maps, 3)
+    model = ExcavationPolicy(PolicyConfig(map_encoder="flat", map_pool=2, **SMALL), NUM_ACTIONS)
+    params = _abstract_params(model, obs4)
+    assert params["encoder"]["map_encoder"]["Dense_0"]["kernel"].shape == (8 * 8 * 8, 32)
 
 
 def assert_heads_float32_rest_in(ops, precision: str) -> None:
@@ -293,6 +308,30 @@ def test_make_policy_picks_the_excavation_policy(obs4):
     model = make_policy(config, NUM_ACTIONS, obs4)
     assert type(model) is ExcavationPolicy
     assert model.config == config and model.num_actions == NUM_ACTIONS
+
+
+def test_stored_derived_features_give_the_same_outputs(obs4):
+    """The rollout stores the parameter-free features with its observations
+    (`with_derived_features`) and the update's gradient passes read them: the outputs must be
+    those of the network computing them itself, and the network must read the stored ones."""
+    config = PolicyConfig(map_encoder="flat", compass=True, dig_distance=True,
+                          egocentric_radius=2, **SMALL)
+    model = ExcavationPolicy(config, NUM_ACTIONS)
+    derived = with_derived_features(model, obs4)
+    added = {key: derived[key].shape for key in set(derived) - set(obs4)}
+    assert added == {"compass": (4, 240), "dig_distance": (4, 38),
+                     "egocentric_view": (4, 5, 5, 4)}
+    assert all(derived[key].dtype == jnp.float32 for key in added)
+    variables = model.init(jax.random.PRNGKey(0), obs4)
+    apply = jax.jit(model.apply)
+    logits, value = apply(variables, obs4)
+    stored_logits, stored_value = apply(variables, derived)
+    np.testing.assert_array_equal(stored_logits, logits)
+    np.testing.assert_array_equal(stored_value, value)
+    for key in added:  # a changed stored feature changes the outputs: it is read, not redone
+        changed = dict(derived, **{key: derived[key] + 1.0})
+        assert not np.allclose(apply(variables, changed)[0], logits), key
+    assert with_derived_features(GymnaxMLPPolicy(3), obs4["agent_state"]) is obs4["agent_state"]
 
 
 @pytest.mark.parametrize(
