@@ -21,10 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terra_rl.compass import compass
-from terra_rl.dig_distance import dig_distance_features
-from terra_rl.egocentric import egocentric_view
 from terra_rl.patch_conv import CONV_KERNEL_INIT, PatchConv
+from terra_rl.policy_inputs import derived_features, map_channels, pool_tiles
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
 
 MAP_ENCODERS = ("atari", "resnet", "flat", "none")
@@ -258,41 +256,6 @@ _MAP_ENCODER_CLASSES = {
 # --------------------------------------------------------------------------- excavation
 
 
-def map_channels(obs: dict) -> jax.Array:
-    """float32 [B, N, N, 7]: the global layers as CNN channels.
-
-    Channels: dig target, dump zone, log1p(dug depth), log1p(dumped height), obstacle,
-    dumpable, and a one-hot of the agent's (row, col).
-    """
-    target = obs["target_map"]
-    action = obs["action_map"].astype(jnp.float32)
-    size = target.shape[-1]
-    row_one_hot = jax.nn.one_hot(obs["agent_state"][..., 0], size, dtype=jnp.float32)
-    col_one_hot = jax.nn.one_hot(obs["agent_state"][..., 1], size, dtype=jnp.float32)
-    layers = [
-        (target == -1).astype(jnp.float32),
-        (target == 1).astype(jnp.float32),
-        jnp.log1p(jnp.maximum(-action, 0.0)),
-        jnp.log1p(jnp.maximum(action, 0.0)),
-        (obs["obstacles"] == 1).astype(jnp.float32),
-        (obs["dumpability"] == 1).astype(jnp.float32),
-        row_one_hot[..., :, None] * col_one_hot[..., None, :],
-    ]
-    return jnp.stack(layers, axis=-1)
-
-
-def pool_tiles(maps: jax.Array, factor: int) -> jax.Array:
-    """[..., N, N, C] -> [..., N / factor, N / factor, C]: the mean over each `factor` x
-    `factor` block of tiles."""
-    if factor == 1:
-        return maps
-    *batch, size, _, channels = maps.shape
-    if size % factor:
-        raise ValueError(f"map_pool {factor} must divide the map size {size}")
-    blocks = maps.reshape(*batch, size // factor, factor, size // factor, factor, channels)
-    return blocks.mean(axis=(-4, -2))
-
-
 class ExcavationEncoder(nn.Module):
     """All observation parts -> trunk features [B, hidden_dim].
 
@@ -365,20 +328,6 @@ class ExcavationEncoder(nn.Module):
             )
         features = jnp.concatenate(parts, axis=-1)
         return _Mlp((cfg.hidden_dim, cfg.hidden_dim), dtype, name="trunk")(features)
-
-
-def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
-    """The parameter-free observation features `config` asks for: "compass" float32
-    [..., 240], "dig_distance" float32 [..., 38], "egocentric_view" float32 [..., S, S, 4].
-    A key already in `obs` is taken from it, not computed again."""
-    wanted = {
-        "compass": (config.compass, compass),
-        "dig_distance": (config.dig_distance, dig_distance_features),
-        "egocentric_view": (config.egocentric_radius > 0,
-                            lambda o: egocentric_view(o, config.egocentric_radius)),
-    }
-    return {key: obs[key] if key in obs else features_of(obs)
-            for key, (enabled, features_of) in wanted.items() if enabled}
 
 
 def with_derived_features(policy: nn.Module, obs):

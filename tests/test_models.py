@@ -23,12 +23,11 @@ from terra_rl.models import (
     PatchConv,
     PolicyConfig,
     make_policy,
-    map_channels,
-    pool_tiles,
     uses_convolutions,
     with_derived_features,
 )
 from terra_rl.parameters import count_parameters, parameter_groups
+from terra_rl.policy_inputs import map_channels, pool_tiles
 from terra_rl.validation import references, small
 
 NUM_ACTIONS = A.NUM_ACTIONS

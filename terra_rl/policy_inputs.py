@@ -1,0 +1,67 @@
+"""What the excavation policy computes from the observation dict before any parameter: the
+global maps as channels (`map_channels`, pooled by `pool_tiles`), and the parameter-free
+inputs of `derived_features` (the compass, the dig distance, the egocentric view), which a
+rollout computes once and stores (`terra_rl.models.with_derived_features`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from terra_rl.compass import compass
+from terra_rl.dig_distance import dig_distance_features
+from terra_rl.egocentric import egocentric_view
+
+if TYPE_CHECKING:
+    from terra_rl.models import PolicyConfig
+
+
+def map_channels(obs: dict) -> jax.Array:
+    """float32 [B, N, N, 7]: the global layers as CNN channels.
+
+    Channels: dig target, dump zone, log1p(dug depth), log1p(dumped height), obstacle,
+    dumpable, and a one-hot of the agent's (row, col).
+    """
+    target = obs["target_map"]
+    action = obs["action_map"].astype(jnp.float32)
+    size = target.shape[-1]
+    row_one_hot = jax.nn.one_hot(obs["agent_state"][..., 0], size, dtype=jnp.float32)
+    col_one_hot = jax.nn.one_hot(obs["agent_state"][..., 1], size, dtype=jnp.float32)
+    layers = [
+        (target == -1).astype(jnp.float32),
+        (target == 1).astype(jnp.float32),
+        jnp.log1p(jnp.maximum(-action, 0.0)),
+        jnp.log1p(jnp.maximum(action, 0.0)),
+        (obs["obstacles"] == 1).astype(jnp.float32),
+        (obs["dumpability"] == 1).astype(jnp.float32),
+        row_one_hot[..., :, None] * col_one_hot[..., None, :],
+    ]
+    return jnp.stack(layers, axis=-1)
+
+
+def pool_tiles(maps: jax.Array, factor: int) -> jax.Array:
+    """[..., N, N, C] -> [..., N / factor, N / factor, C]: the mean over each `factor` x
+    `factor` block of tiles."""
+    if factor == 1:
+        return maps
+    *batch, size, _, channels = maps.shape
+    if size % factor:
+        raise ValueError(f"map_pool {factor} must divide the map size {size}")
+    blocks = maps.reshape(*batch, size // factor, factor, size // factor, factor, channels)
+    return blocks.mean(axis=(-4, -2))
+
+
+def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
+    """The parameter-free observation features `config` asks for: "compass" float32
+    [..., 240], "dig_distance" float32 [..., 38], "egocentric_view" float32 [..., S, S, 4].
+    A key already in `obs` is taken from it, not computed again."""
+    wanted = {
+        "compass": (config.compass, compass),
+        "dig_distance": (config.dig_distance, dig_distance_features),
+        "egocentric_view": (config.egocentric_radius > 0,
+                            lambda o: egocentric_view(o, config.egocentric_radius)),
+    }
+    return {key: obs[key] if key in obs else features_of(obs)
+            for key, (enabled, features_of) in wanted.items() if enabled}
