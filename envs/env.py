@@ -377,9 +377,8 @@ class ExcavationEnv:
         return (window, *(geo.crop(layer, window) for layer in maps))
 
     def action_mask(self, state: EnvState) -> jax.Array:
-        """bool [8]: `obs["action_mask"]` of `state`: the actions that would change the state
-        (`valid_actions`), less forbidden digs (dead ends, targets cut off) and returns to a
-        recent pose (see `EnvConfig`)."""
+        """bool [8]: `obs["action_mask"]` of `state`: `valid_actions` less forbidden digs (dead
+        ends, targets cut off) and returns to a recent pose (see `EnvConfig`)."""
         return self.observation(state)["action_mask"]
 
     def valid_actions(self, state: EnvState) -> jax.Array:
