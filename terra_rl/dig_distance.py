@@ -5,10 +5,12 @@ one, nor how to get there around the tiles that digs, dumps and obstacles have b
 the easy targets are gone, that navigation is where a reactive policy stalls
 (docs/RESULTS.md). This field answers it: a breadth-first search over the map's free tiles,
 in 8-connected steps, from every free tile that has an undug target within the arm's ring
-(the env's workspace radii). The policy gets the distance at its own tile and at the next
-tile in each of 12 directions counted from its base heading, so "drive downhill" is the same
-input on every map. The search ignores the footprint's length and the heading, so it is a
-guide, not a plan. No parameters; computed inside the network from the observation dict.
+(the env's workspace radii); once every target is dug, from those with soil in reach that
+lies outside the dump zones, the task's last stage. The policy gets the distance at its own
+tile and at the next tile in each of 12 directions counted from its base heading, so "drive
+downhill" is the same input on every map. The search ignores the footprint's length and the
+heading, so it is a guide, not a plan. No parameters; computed from the observation dict
+(once per rollout step, `terra_rl.models.with_derived_features`).
 """
 
 from __future__ import annotations
@@ -52,16 +54,17 @@ def _shift(x: jax.Array, dr: int, dc: int, fill) -> jax.Array:
 
 def dig_distance_field(obs: dict) -> jax.Array:
     """int32 [..., N, N]: 8-connected steps over free tiles from each tile to the nearest
-    free tile with an undug target in the arm's ring; `unreachable_distance(N)` where none
+    free tile with a work tile (`work_tiles`: an undug target, or misplaced soil once every
+    target is dug) in the arm's ring; `unreachable_distance(N)` where none
     is reachable (or the tile is blocked). Free: no obstacle, not dug, soil no higher than
     the env's default `drivable_soil_height` of 1 (the config allows this field with no other)."""
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
     free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
-    undug = (target == -1) & (action == 0)
-    in_reach = jnp.zeros_like(undug)
+    work = work_tiles(target, action)
+    in_reach = jnp.zeros_like(work)
     for dr, dc in ring_offsets(size):
-        in_reach = in_reach | _shift(undug, dr, dc, False)
+        in_reach = in_reach | _shift(work, dr, dc, False)
     far = unreachable_distance(size)
     start = jnp.where(free & in_reach, 0, far).astype(jnp.int32)
     neighbours = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if (dr, dc) != (0, 0)]
@@ -73,6 +76,19 @@ def dig_distance_field(obs: dict) -> jax.Array:
         return jnp.where(free, jnp.minimum(nearest, far), far)
 
     return jax.lax.fori_loop(0, unreachable_distance(size) - 1, relax, start)
+
+
+def work_tiles(target: jax.Array, action: jax.Array) -> jax.Array:
+    """bool [..., N, N]: the tiles the field leads to. The undug targets while any is left;
+    after the last dig, on a map with dump zones, the soil lying outside them, which must
+    still be picked up and dumped in a zone before the task is done (the env's
+    `misplaced_soil`). Without this, the field went blank for that last stage, where the
+    policy stalled on a fifth of the held-out foundations (docs/RESULTS.md)."""
+    undug = (target == -1) & (action == 0)
+    has_zones = jnp.any(target == 1, axis=(-2, -1), keepdims=True)
+    misplaced = has_zones & (target != 1) & (action > 0)
+    any_undug = jnp.any(undug, axis=(-2, -1), keepdims=True)
+    return jnp.where(any_undug, undug, misplaced)
 
 
 def unreachable_distance(map_size: int) -> int:

@@ -105,6 +105,47 @@ def test_without_undug_targets_nothing_is_reachable():
     assert features[0] == 1.0 and features[1] == 0.0  # far, not reachable
 
 
+def _dug_trench_with_soil(zone: bool, soil_in_zone: bool = False):
+    """A map whose only target (3, 3) is dug, with soil at (12, 12) and, if `zone`, a dump
+    zone at rows 0-1 (the soil in it if `soil_in_zone`)."""
+    target = np.zeros((N, N), np.int8)
+    target[3, 3] = -1
+    action = np.zeros((N, N), np.int8)
+    action[3, 3] = -1
+    if zone:
+        target[:2, :] = 1
+    soil = (0, 12) if soil_in_zone else (12, 12)
+    action[soil] = 1
+    return target, action, soil
+
+
+def test_after_the_last_dig_the_field_leads_to_soil_outside_the_zones():
+    target, action, soil = _dug_trench_with_soil(zone=True)
+    field = np.asarray(field_jit(make_obs(target, action)))
+    # The plain search with the soil's tile as the only target (soil of height 1 is free).
+    soil_as_target = np.zeros((N, N), np.int8)
+    soil_as_target[soil] = -1
+    expected = reference_field(soil_as_target, np.minimum(action, 0), np.zeros((N, N), np.int8))
+    np.testing.assert_array_equal(field, expected)
+    assert field[12, 9] == 0 and 0 < field[8, 8] < FAR
+
+
+@pytest.mark.parametrize("zone, soil_in_zone", [(False, False), (True, True)])
+def test_soil_that_needs_no_moving_leads_nowhere(zone, soil_in_zone):
+    # Without dump zones soil is never misplaced; soil in a zone is where it belongs.
+    target, action, _ = _dug_trench_with_soil(zone, soil_in_zone)
+    assert (np.asarray(field_jit(make_obs(target, action))) == FAR).all()
+
+
+def test_while_targets_are_left_soil_outside_the_zones_does_not_count():
+    target, action, _ = _dug_trench_with_soil(zone=True)
+    target[8, 14] = -1  # one undug target left
+    field = np.asarray(field_jit(make_obs(target, action)))
+    without_soil = np.asarray(field_jit(make_obs(target, np.minimum(action, 0))))
+    np.testing.assert_array_equal(field, without_soil)
+    assert field[8, 11] == 0 and field[12, 9] > 0
+
+
 @pytest.mark.parametrize("heading", [0, 3, 6, 9])
 def test_direction_zero_is_the_tile_ahead_of_the_base(heading):
     target = np.zeros((N, N), np.int8)
