@@ -1,5 +1,6 @@
 """The dig-distance field (`terra_rl.dig_distance`): parity with a plain breadth-first search,
-blocked tiles, detours, the features seen from the base heading, and the policy input."""
+blocked tiles, detours, the last stage (soil outside the dump zones), the features seen from
+the base heading, and the policy input."""
 
 from __future__ import annotations
 
