@@ -55,9 +55,9 @@ def _shift(x: jax.Array, dr: int, dc: int, fill) -> jax.Array:
 def dig_distance_field(obs: dict) -> jax.Array:
     """int32 [..., N, N]: 8-connected steps over free tiles from each tile to the nearest
     free tile with a work tile (`work_tiles`: an undug target, or misplaced soil once every
-    target is dug) in the arm's ring; `unreachable_distance(N)` where none
-    is reachable (or the tile is blocked). Free: no obstacle, not dug, soil no higher than
-    the env's default `drivable_soil_height` of 1 (the config allows this field with no other)."""
+    target is dug) in the arm's ring; `unreachable_distance(N)` where none is reachable (or
+    the tile is blocked). Free: no obstacle, not dug, soil no higher than the env's default
+    `drivable_soil_height` of 1 (the config allows this field with no other)."""
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
     free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
