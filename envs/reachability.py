@@ -86,13 +86,14 @@ def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
         x = jnp.pad(x, rows)[..., max(-dr, 0) : max(-dr, 0) + n, :]
     if dc == 0:
         return x
-    zero = jnp.zeros_like(x[..., :1])
     shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
-    if dc > 0:  # towards higher columns: bits move up, carrying from the word below
-        below = jnp.concatenate([zero, x[..., :-1]], axis=-1)
+    if x.shape[-1] == 1:  # one word a row (N <= 32): nothing to carry between words
+        y = x << shift if dc > 0 else x >> shift
+    elif dc > 0:  # towards higher columns: bits move up, carrying from the word below
+        below = jnp.concatenate([jnp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
         y = (x << shift) | (below >> back)
     else:
-        above = jnp.concatenate([x[..., 1:], zero], axis=-1)
+        above = jnp.concatenate([x[..., 1:], jnp.zeros_like(x[..., :1])], axis=-1)
         y = (x >> shift) | (above << back)
     if n % WORD:  # clear the bits beyond the last column (a constant per word)
         y = y & _column_bits(n)
@@ -114,8 +115,26 @@ def make_reachable_poses(config: EnvConfig):
     return lambda *args: unpack(reachable_packed(*args), config.map_size)
 
 
-def _make_reachable_packed(config: EnvConfig):
+def make_free_poses(config: EnvConfig):
+    """`free_poses(action_map, obstacles) -> uint32 [12, N, words]` (packed): the base poses
+    (heading, row, col) whose footprint lies inside the map on traversable tiles."""
     footprints = footprint_offsets(config)
+    n = config.map_size
+
+    def free_poses(action_map, obstacles):
+        free = pack(excavation.traversable(obstacles, action_map, config.drivable_soil_height))
+        all_ones = jnp.full_like(free, jnp.uint32(0xFFFFFFFF))
+        return jnp.stack([
+            functools.reduce(jnp.bitwise_and, [_moved(free, -dr, -dc, n) for dr, dc in tiles],
+                             all_ones)
+            for tiles in footprints
+        ])
+
+    return free_poses
+
+
+def _make_reachable_packed(config: EnvConfig):
+    free_poses = make_free_poses(config)
     steps = geo.move_displacements(config.move_step)  # [24, 2], per 15-degree angle
     n = config.map_size
 
@@ -134,13 +153,7 @@ def _make_reachable_packed(config: EnvConfig):
         return reach | (moved & pose_free)
 
     def reachable(action_map, obstacles, pos, heading, is_wheeled):
-        free = pack(excavation.traversable(obstacles, action_map, config.drivable_soil_height))
-        all_ones = jnp.full_like(free, jnp.uint32(0xFFFFFFFF))
-        pose_free = jnp.stack([
-            functools.reduce(jnp.bitwise_and, [_moved(free, -dr, -dc, n) for dr, dc in tiles],
-                             all_ones)
-            for tiles in footprints
-        ])  # [12, N, words]: the footprint of (heading, row, col) on traversable tiles
+        pose_free = free_poses(action_map, obstacles)
         rows, cols = jnp.arange(n)[:, None], jnp.arange(n)[None, :]
         start = pack(
             (jnp.arange(H)[:, None, None] == heading)
@@ -177,3 +190,77 @@ def make_targets_cut_off(config: EnvConfig):
         return jnp.any((undug & ~covered) != 0)
 
     return cut_off
+
+
+def make_move_distances(config: EnvConfig, max_distance: int):
+    """`distances(action_map, obstacles, goal_positions, queries, valid, is_wheeled) -> int32
+    [Q]`: for each query state, the fewest base actions that take it to a state on a goal
+    position (bool [N, N]); `max_distance` where that takes more, or none can be reached.
+
+    A state is (wheel angle, base heading, row, col), queries int32 [Q, 4] in that order,
+    `valid` bool [Q] (an invalid query, e.g. off the map, gets `max_distance`). The actions
+    are the env's: tracked FORWARD/BACKWARD along the heading and CLOCK/ANTICLOCK in place,
+    wheel angle 0; wheeled FORWARD/BACKWARD along the arc of its wheel angle and
+    WHEELS_LEFT/RIGHT, one action per wheel step. Every state lies on a free pose
+    (`make_free_poses`); the load (no move while loaded) and the revisit rule are ignored.
+
+    Every action has its inverse (BACKWARD undoes FORWARD at the same wheel angle), so a
+    breadth-first search from the goal states gives each state's distance to them. It stops
+    as soon as every query is reached, so it costs the largest query distance in sweeps.
+    """
+    free_poses = make_free_poses(config)
+    steps = geo.move_displacements(config.move_step)  # [24, 2], per 15-degree angle
+    n = config.map_size
+    limit = config.wheel_angle_limit
+    wheels = tuple(range(-limit, limit + 1))
+
+    def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [wheels, 12, N, words]
+        arcs = []
+        for layer, wheel in enumerate(wheels):
+            moved = [jnp.zeros_like(reach[0, 0])] * H
+            for h in range(H):
+                fr, fc = (int(v) for v in steps[(2 * h + wheel) % (2 * H)])
+                br, bc = (int(v) for v in steps[(2 * h - wheel) % (2 * H)])
+                ahead, behind = (h + wheel) % H, (h - wheel) % H
+                moved[ahead] = moved[ahead] | _moved(reach[layer, h], fr, fc, n)
+                moved[behind] = moved[behind] | _moved(reach[layer, h], -br, -bc, n)
+            arcs.append(jnp.stack(moved))
+        none = jnp.zeros_like(reach[:1])
+        wheel_turns = (jnp.concatenate([none, reach[:-1]])
+                       | jnp.concatenate([reach[1:], none]))
+        base_turns = jnp.roll(reach, 1, axis=1) | jnp.roll(reach, -1, axis=1)
+        moved = jnp.stack(arcs) | jnp.where(is_wheeled, wheel_turns, base_turns)
+        return reach | (moved & pose_free[None])
+
+    def distances(action_map, obstacles, goal_positions, queries, valid, is_wheeled):
+        pose_free = free_poses(action_map, obstacles)
+        layers = jnp.where(is_wheeled, True, jnp.asarray(wheels) == 0)  # tracked: wheel 0
+        goals = pose_free & pack(goal_positions)[None]
+        start = jnp.where(layers[:, None, None, None], goals[None], jnp.uint32(0))
+        layer = jnp.clip(queries[:, 0] + limit, 0, len(wheels) - 1)
+        heading = queries[:, 1] % H
+        row, col = jnp.clip(queries[:, 2], 0, n - 1), jnp.clip(queries[:, 3], 0, n - 1)
+        bit = (col % WORD).astype(jnp.uint32)
+
+        def reached(reach):
+            return ((reach[layer, heading, row, col // WORD] >> bit) & 1) == 1
+
+        # A query on a blocked pose can never be reached: it must not keep the search going.
+        open_query = valid & reached(jnp.broadcast_to(pose_free, start.shape))
+
+        def searching(carry):
+            _, distance, sweeps, grew = carry
+            return grew & (sweeps < max_distance) & jnp.any(open_query & (distance == max_distance))
+
+        def sweep(carry):
+            reach, distance, sweeps, _ = carry
+            grown = grow(reach, pose_free, is_wheeled)
+            distance = jnp.where(open_query & reached(grown) & (distance == max_distance),
+                                 sweeps + 1, distance)
+            return grown, distance, sweeps + 1, jnp.any(grown != reach)
+
+        distance = jnp.where(open_query & reached(start), 0, max_distance).astype(jnp.int32)
+        carry = (start, distance, jnp.int32(0), jnp.bool_(True))
+        return jax.lax.while_loop(searching, sweep, carry)[1]
+
+    return distances

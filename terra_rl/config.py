@@ -134,6 +134,9 @@ class TrainConfig:
     use_dig_distance: bool = False
     """Feed the policy the dig-distance field around it: 8-connected steps over free tiles to
     the nearest tile from which the arm reaches an undug target (`terra_rl.dig_distance`)."""
+    use_pose_distance: bool = False
+    """Feed the policy the base actions (moves, turns, wheel turns) from its state, and after
+    each base action, to the nearest pose whose arm reaches work (`terra_rl.pose_distance`)."""
     egocentric_radius: int = 0
     """With > 0, feed the policy the map around the agent, turned to its base heading, a square
     of 2 * radius + 1 tiles (`terra_rl.egocentric`); 0 turns it off."""
@@ -277,6 +280,7 @@ PRESETS: dict[str, TrainConfig] = {
         hidden_dim=128,
         use_compass=True,
         use_dig_distance=True,  # the way to the last targets (docs/RESULTS.md)
+        use_pose_distance=True,  # base actions to the next dig pose (docs/RESULTS.md)
         mask_cut_off_digs=True,  # a third slower at 16x16, and the main failure before it
         stall_steps=64,  # a policy caught in a loop restarts on a fresh map after 64 steps
         precision="float32",
@@ -391,9 +395,10 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         raise ConfigError("--enable_action_mask needs --env excavation (gymnax envs have no mask)")
     elif c.curriculum:
         raise ConfigError("--curriculum needs --env excavation (gymnax envs have no map levels)")
-    elif c.use_dig_distance:
-        raise ConfigError("--enable_dig_distance needs --env excavation (gymnax envs have no "
-                          "map); add --disable_dig_distance")
+    elif c.use_dig_distance or c.use_pose_distance:
+        name = "dig_distance" if c.use_dig_distance else "pose_distance"
+        raise ConfigError(f"--enable_{name} needs --env excavation (gymnax envs have no "
+                          f"map); add --disable_{name}")
 
 
 def _validate_excavation(c: TrainConfig) -> None:
@@ -410,9 +415,10 @@ def _validate_excavation(c: TrainConfig) -> None:
     if c.map_size % c.map_pool:
         raise ConfigError(f"--map_pool {c.map_pool} must divide --map_size {c.map_size}; "
                           "pick a divisor (1 turns pooling off)")
-    if c.use_dig_distance and c.drivable_soil_height != 1:
-        raise ConfigError("--enable_dig_distance assumes --drivable_soil_height 1 (its free "
-                          f"tiles), got {c.drivable_soil_height}; drop one of the two")
+    for name in ("dig_distance", "pose_distance"):
+        if getattr(c, f"use_{name}") and c.drivable_soil_height != 1:
+            raise ConfigError(f"--enable_{name} assumes --drivable_soil_height 1 (its free "
+                              f"tiles), got {c.drivable_soil_height}; drop one of the two")
     if c.map_encoder == "none" and not (c.use_compass or c.egocentric_radius):
         raise ConfigError(
             "--map_encoder none leaves the policy blind to the map; add --enable_compass or "

@@ -61,10 +61,7 @@ def dig_distance_field(obs: dict) -> jax.Array:
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
     free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
-    work = work_tiles(target, action)
-    in_reach = jnp.zeros_like(work)
-    for dr, dc in ring_offsets(size):
-        in_reach = in_reach | _shift(work, dr, dc, False)
+    in_reach = work_in_reach(obs)
     far = unreachable_distance(size)
     start = jnp.where(free & in_reach, 0, far).astype(jnp.int32)
     neighbours = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if (dr, dc) != (0, 0)]
@@ -76,6 +73,16 @@ def dig_distance_field(obs: dict) -> jax.Array:
         return jnp.where(free, jnp.minimum(nearest, far), far)
 
     return jax.lax.fori_loop(0, unreachable_distance(size) - 1, relax, start)
+
+
+def work_in_reach(obs: dict) -> jax.Array:
+    """bool [..., N, N]: the positions from which the arm's ring (every arm heading) covers a
+    work tile (`work_tiles`), whatever lies under the base."""
+    work = work_tiles(obs["target_map"], obs["action_map"])
+    in_reach = jnp.zeros_like(work)
+    for dr, dc in ring_offsets(work.shape[-1]):
+        in_reach = in_reach | _shift(work, dr, dc, False)
+    return in_reach
 
 
 def work_tiles(target: jax.Array, action: jax.Array) -> jax.Array:
@@ -115,6 +122,14 @@ def dig_distance_features(obs: dict) -> jax.Array:
     flat = jnp.clip(rows, 0, size - 1) * size + jnp.clip(cols, 0, size - 1)
     values = jnp.take_along_axis(field.reshape(*field.shape[:-2], -1), flat, axis=-1)
     values = jnp.where(on_map, values, far)  # [..., 13]: the agent's tile, then 12 directions
+    return distance_features(values, far)
+
+
+def distance_features(values: jax.Array, far: int) -> jax.Array:
+    """float32 [..., 2 + 3K] from int distances [..., 1 + K] (the agent's own, then K
+    neighbours; `far` for none in reach): the agent's distance / far and whether it is in
+    reach, the same two per neighbour, and per neighbour the change of distance clipped to
+    [-1, 1] (+1 where the neighbour is out of reach or blocked)."""
     scaled = values.astype(jnp.float32) / far
     reachable = (values < far).astype(jnp.float32)
     change = jnp.clip(values[..., 1:] - values[..., :1], -1, 1).astype(jnp.float32)

@@ -64,6 +64,9 @@ class PolicyConfig:
     """Add the egocentric tile counts of `terra_rl.compass` (excavation only)."""
     dig_distance: bool = False
     """Add the dig-distance field around the agent (`terra_rl.dig_distance`; excavation)."""
+    pose_distance: bool = False
+    """Add the base actions to work in reach, from the agent and after each base action
+    (`terra_rl.pose_distance`; excavation)."""
     egocentric_radius: int = 0
     """With > 0, add the map around the agent turned to its base heading
     (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""
@@ -315,7 +318,7 @@ class ExcavationEncoder(nn.Module):
 
         parts += [agent_features, local_features, action_features]
         derived = derived_features(obs, cfg)
-        for key in ("compass", "dig_distance"):
+        for key in ("compass", "dig_distance", "pose_distance"):
             if key in derived:  # observation features without parameters, then two Dense 64
                 mlp = _Mlp((SMALL_MLP_DIM, SMALL_MLP_DIM), dtype, name=f"{key}_mlp")
                 parts.append(mlp(derived[key].astype(dtype)))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from terra_rl.compass import compass
 from terra_rl.dig_distance import dig_distance_features
 from terra_rl.egocentric import egocentric_view
+from terra_rl.pose_distance import pose_distance_features
 
 if TYPE_CHECKING:
     from terra_rl.models import PolicyConfig
@@ -55,11 +56,13 @@ def pool_tiles(maps: jax.Array, factor: int) -> jax.Array:
 
 def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     """The parameter-free observation features `config` asks for: "compass" float32
-    [..., 240], "dig_distance" float32 [..., 38], "egocentric_view" float32 [..., S, S, 4].
+    [..., 240], "dig_distance" float32 [..., 38], "pose_distance" float32 [..., 14],
+    "egocentric_view" float32 [..., S, S, 4].
     A key already in `obs` is taken from it, not computed again."""
     wanted = {
         "compass": (config.compass, compass),
         "dig_distance": (config.dig_distance, dig_distance_features),
+        "pose_distance": (config.pose_distance, pose_distance_features),
         "egocentric_view": (config.egocentric_radius > 0,
                             lambda o: egocentric_view(o, config.egocentric_radius)),
     }

@@ -26,7 +26,8 @@ class StandardTask:
 
 
 BASE_FLAGS = (
-    "--config", "cpu_demo", "--disable_action_mask", "--disable_dig_distance", "--curriculum", "",
+    "--config", "cpu_demo", "--disable_action_mask", "--disable_dig_distance",
+    "--disable_pose_distance", "--curriculum", "",
     "--gae_lambda", "0.95", "--clip_eps", "0.2", "--vf_coef", "0.5",
     "--checkpoint_interval", "0", "--wandb_mode", "disabled", "--eval_episodes", "64",
     "--updates_per_dispatch", "16",

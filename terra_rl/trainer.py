@@ -193,6 +193,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         precision=config.precision,
         compass=config.use_compass,
         dig_distance=config.use_dig_distance,
+        pose_distance=config.use_pose_distance,
         egocentric_radius=config.egocentric_radius,
         map_pool=config.map_pool,
         image_encoder=config.image_encoder,

@@ -15,10 +15,18 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# A persistent compilation cache outside the repo makes reruns cheap.
+# A persistent compilation cache outside the repo makes reruns cheap. One directory per
+# pytest-xdist worker: jax writes an entry without a lock or an atomic rename, so a worker
+# reading an entry the other is still writing deserialized a torn executable and segfaulted
+# (test_profiling.py under `make test`, 2026-11-25). Exported, so that the subprocesses a
+# test starts (test_distributed.py) use the worker's directory too.
 _CACHE_DIR = os.environ.get(
     "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")
 )
+if os.environ.get("PYTEST_XDIST_WORKER") and not _CACHE_DIR.endswith(
+        os.environ["PYTEST_XDIST_WORKER"]):
+    _CACHE_DIR = os.path.join(_CACHE_DIR, os.environ["PYTEST_XDIST_WORKER"])
+os.environ["TERRA_RL_TEST_CACHE"] = _CACHE_DIR
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 

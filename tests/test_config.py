@@ -54,7 +54,8 @@ def test_other_presets():
     # The tests' tiny config keeps cpu_demo's maps, curriculum, encoder, compass, dig
     # distance, cut-off mask and stall limit, so CLI tests on the preset share its compiles.
     for name in ("map_size", "map_types", "curriculum", "map_encoder", "use_action_mask",
-                 "use_compass", "use_dig_distance", "mask_cut_off_digs", "stall_steps"):
+                 "use_compass", "use_dig_distance", "use_pose_distance", "mask_cut_off_digs",
+                 "stall_steps"):
         assert small.SMOKE_FIELDS[name] == getattr(demo, name), name
     assert demo.curriculum and demo.curriculum[-1] in demo.map_types
     for name in PRESETS:

@@ -33,7 +33,8 @@ NUM_DEVICES = 4
 UPDATES = 8
 STEPS_PER_UPDATE = 8 * 8 * NUM_DEVICES
 CPU_DEMO_FIELDS = ("preset", "wandb_mode", "compilation_cache_dir", "map_types", "curriculum",
-                   "use_action_mask", "use_compass", "use_dig_distance", "mask_cut_off_digs",
+                   "use_action_mask", "use_compass", "use_dig_distance", "use_pose_distance",
+                   "mask_cut_off_digs",
                    "stall_steps")
 
 

@@ -32,6 +32,7 @@ def test_every_task_resolves_to_a_valid_config_at_its_budget(name, tmp_path):
     assert 0 <= covered - task.budget < config.env_steps_per_update
     assert config.num_updates // config.log_eval_interval in (NUM_EVALS, NUM_EVALS + 1)
     assert not config.use_action_mask and not config.use_dig_distance
+    assert not config.use_pose_distance
     if name.endswith("-MinAtar"):  # PureJaxRL's MinAtar settings, the flattened-image MLP
         assert config.image_encoder == "mlp" and config.lr_schedule == "linear"
         assert config.lr == 5e-3 and config.gamma == 0.99

@@ -303,7 +303,7 @@ def cli_flags(runs_dir, run_name: str) -> list[str]:
     for name, value in TINY.items():
         if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
                         "curriculum", "use_action_mask", "use_compass",
-                        "use_dig_distance", "mask_cut_off_digs",
+                        "use_dig_distance", "use_pose_distance", "mask_cut_off_digs",
                         "stall_steps"):  # cpu_demo's
             flags += [f"--{name}", str(value)]
     return flags + ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
@@ -403,7 +403,8 @@ def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys, monkeypatch):
 def test_benchmark_train_script(tmp_path, capsys):
     script = load_script("benchmark_train")
     skip = ("preset", "compilation_cache_dir", "map_types", "curriculum", "use_action_mask",
-            "use_compass", "use_dig_distance", "mask_cut_off_digs", "stall_steps")
+            "use_compass", "use_dig_distance", "use_pose_distance", "mask_cut_off_digs",
+            "stall_steps")
     sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
     sets += [f"num_devices={NUM_DEVICES}"]
     args = ["--config", "cpu_demo", "--updates", "1", "--json", str(tmp_path / "b.json")]

@@ -155,6 +155,10 @@ def expected_parameter_count(
         # 2 + 3 x 12 direction features of docs/MODEL.md, two Dense, and their 64 trunk inputs.
         dig_distance_inputs = 2 + 3 * COMPASS_SECTORS
         trunk += dense(dig_distance_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
+    if policy_config.pose_distance:
+        # 2 + 3 x 4 base-action features of docs/MODEL.md, two Dense, 64 trunk inputs.
+        pose_distance_inputs = 2 + 3 * 4
+        trunk += dense(pose_distance_inputs, mlp) + dense(mlp, mlp) + mlp * hidden
     if policy_config.egocentric_radius:
         # A square of 2r + 1 tiles x the compass's 4 layers, Dense 128 and 64, 64 trunk inputs.
         view_inputs = (2 * policy_config.egocentric_radius + 1) ** 2 * COMPASS_LAYERS

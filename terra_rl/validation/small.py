@@ -41,6 +41,7 @@ SMOKE_FIELDS = dict(
     map_encoder="flat",
     use_compass=True,
     use_dig_distance=True,
+    use_pose_distance=True,
     mask_cut_off_digs=True,
     stall_steps=64,
     use_action_mask=True,
@@ -60,7 +61,8 @@ SMOKE_FIELDS = dict(
 )
 """The tiny training config of tests/test_trainer.py, the first-update gates and the
 runtime preflight's train smoke: timeouts (12 steps) inside every 8-step rollout. Its maps,
-curriculum, encoder, compass, dig distance, cut-off mask and stall limit are cpu_demo's, so
+curriculum, encoder, compass, dig and pose distances, cut-off mask and stall limit are
+cpu_demo's, so
 CLI tests on that preset share its compiles."""
 
 
