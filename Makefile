@@ -25,8 +25,9 @@ train: $(STAMP)
 # cores; XLA compiles are mostly single-threaded), each test file on one worker so that its
 # session fixtures compile once. The gates see pytest's four CPU devices (tests/conftest.py),
 # so they reuse its persistent compilation cache (the device count is part of the cache key).
-# pytest exits 5 when it collected no test: that is a failure here, not a pass.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# pytest exits 5 when it collected no test: that is a failure here, not a pass. A worker that
+# crashes is not replaced: the run fails at once instead of hanging on a rescheduled file.
+PYTEST_ARGS ?= -n 2 --dist loadfile --max-worker-restart 0
 test: $(STAMP) lint
 	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \

@@ -1,13 +1,24 @@
 """`scripts/profile_rollout_components.py`: every section of one update timed at the tiny
 config's shapes, on one scale (env steps per second of an update). No timing is asserted,
-only the report's structure and its arithmetic."""
+only the report's structure and its arithmetic.
+
+The profile itself runs as a real `scripts/profile_rollout_components.py` process, as a user
+runs it. In-process, after the other test files of a pytest-xdist worker, XLA:CPU aborted
+(once a segfault) while serializing the profiler's rollout executable for the persistent
+compilation cache, deterministically at this test in two clean-clone CI runs (2026-11-25);
+the same test alone, or after test_preemption.py in one process, passed. A fresh process
+never carries another test's state into the profiler's compiles."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 from terra_rl.validation.small import SMOKE_FIELDS
@@ -32,11 +43,16 @@ def tiny_flags() -> list[str]:
     return flags
 
 
-def test_profile_reports_every_section_on_one_scale(tmp_path, capsys):
-    script = load_script()
+def test_profile_reports_every_section_on_one_scale(tmp_path):
     out = tmp_path / "profile.json"
-    assert script.main([*tiny_flags(), "--repeats", "2", "--json", str(out)]) == 0
-    table = capsys.readouterr().out
+    # The suite's compilation cache (this worker's directory; tests/conftest.py) and devices.
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *tiny_flags(), "--repeats", "2", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    table = result.stdout
     assert all(name in table for name in SECTIONS)
     record = json.loads(out.read_text())
     sections = {s["name"]: s for s in record["sections"]}
@@ -53,6 +69,9 @@ def test_profile_reports_every_section_on_one_scale(tmp_path, capsys):
     assert record["config"]["num_envs_per_device"] == SMOKE_FIELDS["num_envs_per_device"]
     assert record["runtime"]["backend"] == "cpu"
 
+
+def test_profiler_rejects_zero_repeats(capsys):
+    script = load_script()
     with pytest.raises(SystemExit) as error:
         script.main([*tiny_flags(), "--repeats", "0"])
     assert error.value.code == 2
