@@ -6,7 +6,8 @@ the easy targets are gone, that navigation is where a reactive policy stalls
 (docs/RESULTS.md). This field answers it: a breadth-first search over the map's free tiles,
 in 8-connected steps, from every free tile that has an undug target within the arm's ring
 (the env's workspace radii); once every target is dug, from those with soil in reach that
-lies outside the dump zones, the task's last stage. The policy gets the distance at its own
+lies outside the dump zones, the task's last stage (and there, where possible, only from
+tiles whose ring also covers a free tile of a zone). The policy gets the distance at its own
 tile and at the next tile in each of 12 directions counted from its base heading, so "drive
 downhill" is the same input on every map. The search ignores the footprint's length and the
 heading, so it is a guide, not a plan. No parameters; computed from the observation dict
@@ -77,12 +78,26 @@ def dig_distance_field(obs: dict) -> jax.Array:
 
 def work_in_reach(obs: dict) -> jax.Array:
     """bool [..., N, N]: the positions from which the arm's ring (every arm heading) covers a
-    work tile (`work_tiles`), whatever lies under the base."""
-    work = work_tiles(obs["target_map"], obs["action_map"])
-    in_reach = jnp.zeros_like(work)
-    for dr, dc in ring_offsets(work.shape[-1]):
-        in_reach = in_reach | _shift(work, dr, dc, False)
-    return in_reach
+    work tile (`work_tiles`), whatever lies under the base. In the last stage (every target
+    dug, soil left outside the dump zones), only those whose ring also covers a free tile of
+    a zone (untouched, dumpable), wherever any position covers both: a loaded base cannot
+    move, so soil reaches a zone only from a pose whose arm reaches both."""
+    target, action = obs["target_map"], obs["action_map"]
+    in_reach = _ring_cover(work_tiles(target, action))
+    free_zone = (target == 1) & (action == 0) & (obs["dumpability"] == 1)
+    undug_left = jnp.any((target == -1) & (action == 0), axis=(-2, -1), keepdims=True)
+    has_zones = jnp.any(target == 1, axis=(-2, -1), keepdims=True)
+    both = in_reach & _ring_cover(free_zone)
+    last_stage = has_zones & ~undug_left & jnp.any(both, axis=(-2, -1), keepdims=True)
+    return jnp.where(last_stage, both, in_reach)
+
+
+def _ring_cover(tiles: jax.Array) -> jax.Array:
+    """bool [..., N, N]: the positions whose arm ring covers any of `tiles` bool [..., N, N]."""
+    covered = jnp.zeros_like(tiles)
+    for dr, dc in ring_offsets(tiles.shape[-1]):
+        covered = covered | _shift(tiles, dr, dc, False)
+    return covered
 
 
 def work_tiles(target: jax.Array, action: jax.Array) -> jax.Array:

@@ -83,7 +83,8 @@ def pose_distances(obs: dict) -> jax.Array:
     batch = obs["agent_type"].shape
     size = obs["target_map"].shape[-1]
     flat = {key: obs[key].reshape(-1, *obs[key].shape[len(batch):])
-            for key in ("target_map", "action_map", "obstacles", "agent_state", "agent_type")}
+            for key in ("target_map", "action_map", "obstacles", "dumpability", "agent_state",
+                        "agent_type")}
     goal_positions = work_in_reach(flat)
     distances = _distances_for(size)(flat["action_map"], flat["obstacles"], goal_positions,
                                      flat["agent_state"], flat["agent_type"])

@@ -15,11 +15,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# A persistent compilation cache outside the repo makes reruns cheap. One directory per
-# pytest-xdist worker: jax writes an entry without a lock or an atomic rename, so a worker
-# reading an entry the other is still writing deserialized a torn executable and segfaulted
-# (test_profiling.py under `make test`, 2026-11-25). Exported, so that the subprocesses a
-# test starts (test_distributed.py) use the worker's directory too.
+# A persistent compilation cache outside the repo makes reruns cheap for the processes the
+# tests start (train_mixed.py, the scripts, the distributed workers): one directory per
+# pytest-xdist worker, since jax writes an entry without a lock or an atomic rename, exported
+# as TERRA_RL_TEST_CACHE for them. The test processes themselves compile without it: in a
+# pytest-xdist worker that had run other test files, XLA:CPU aborted (or segfaulted) while
+# serializing an executable for the cache, and in another run while deserializing one,
+# deterministically in clean-clone CI runs (2026-11-25), which then hung on the crashed
+# worker. The same tests in a fresh process pass with the cache. `jax_compilation_cache_dir`
+# stays set, as the directory tests hand to their subprocesses; with the cache disabled here,
+# an in-process `main()` that sets a directory cannot turn it on either.
 _CACHE_DIR = os.environ.get(
     "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")
 )
@@ -29,6 +34,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not _CACHE_DIR.endswith(
 os.environ["TERRA_RL_TEST_CACHE"] = _CACHE_DIR
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+jax.config.update("jax_enable_compilation_cache", False)
 
 from envs import EnvConfig, ExcavationEnv  # noqa: E402
 from terra_rl.validation import small  # noqa: E402

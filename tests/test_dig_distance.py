@@ -1,5 +1,6 @@
 """The dig-distance field (`terra_rl.dig_distance`): parity with a plain breadth-first search,
-blocked tiles, detours, the last stage (soil outside the dump zones), the features seen from
+blocked tiles, detours, the last stage (soil outside the dump zones, carried to a free zone
+tile), the features seen from
 the base heading, and the policy input."""
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ def reference_field(target, action, obstacles, inner=1.5, outer=3.0):
     return np.minimum(dist, FAR)
 
 
-def make_obs(target, action=None, obstacles=None, agent=(8, 8, 0)):
+def make_obs(target, action=None, obstacles=None, agent=(8, 8, 0), dumpability=None):
     zeros = np.zeros((N, N), np.int8)
     return {
         "target_map": jnp.asarray(target, jnp.int8),
         "action_map": jnp.asarray(zeros if action is None else action, jnp.int8),
         "obstacles": jnp.asarray(zeros if obstacles is None else obstacles, jnp.int8),
+        "dumpability": jnp.asarray(zeros + 1 if dumpability is None else dumpability, jnp.int8),
         "agent_state": jnp.asarray([agent[0], agent[1], agent[2], 0, 0, 0], jnp.int32),
     }
 
@@ -131,6 +133,32 @@ def test_after_the_last_dig_the_field_leads_to_soil_outside_the_zones():
     assert field[12, 9] == 0 and 0 < field[8, 8] < FAR
 
 
+def _covers(position, tiles, inner=1.5, outer=3.0):
+    """Whether the arm's ring around `position` covers one of `tiles` [(row, col)]."""
+    return any(inner <= math.hypot(r - position[0], c - position[1]) <= outer for r, c in tiles)
+
+
+def test_in_the_last_stage_the_field_leads_to_poses_that_reach_soil_and_a_free_zone_tile():
+    # Soil at (4, 8), two rows below the zone (rows 0-1): some tiles reach both. A loaded base
+    # cannot move, so only from those can the soil be carried into the zone.
+    target, action, _ = _dug_trench_with_soil(zone=True)
+    action[12, 12] = 0
+    action[4, 8] = 1
+    zone = [(r, c) for r in range(2) for c in range(N)]
+    field = np.asarray(field_jit(make_obs(target, action)))
+    goals = {(r, c) for r in range(N) for c in range(N) if field[r, c] == 0}
+    expected = {(r, c) for r in range(N) for c in range(N)
+                if action[r, c] == 0 and _covers((r, c), [(4, 8)]) and _covers((r, c), zone)}
+    assert goals == expected and (2, 8) in goals
+    assert field[6, 8] > 0  # reaches the soil (2 tiles) but no zone tile (5 rows away)
+    # Zone tiles that cannot take soil (soil on them already, or not dumpable) do not count:
+    # with none left in reach, every tile reaching the soil is a goal again.
+    closed = np.ones((N, N), np.int8)
+    closed[:2, :] = 0
+    field = np.asarray(field_jit(make_obs(target, action, dumpability=closed)))
+    assert field[6, 8] == 0 and field[2, 8] == 0
+
+
 @pytest.mark.parametrize("zone, soil_in_zone", [(False, False), (True, True)])
 def test_soil_that_needs_no_moving_leads_nowhere(zone, soil_in_zone):
     # Without dump zones soil is never misplaced; soil in a zone is where it belongs.
@@ -170,6 +198,7 @@ def test_leading_batch_dims_match_one_agent_at_a_time():
         "target_map": jnp.asarray(targets),
         "action_map": jnp.zeros((2, 3, N, N), jnp.int8),
         "obstacles": jnp.zeros((2, 3, N, N), jnp.int8),
+        "dumpability": jnp.ones((2, 3, N, N), jnp.int8),
         "agent_state": jnp.concatenate(
             [jnp.asarray(agents, jnp.int32), jnp.zeros((2, 3, 3), jnp.int32)], axis=-1),
     }
