@@ -38,7 +38,7 @@ DEVICES_PER_PROCESS = 2
 NUM_DEVICES = NUM_PROCESSES * DEVICES_PER_PROCESS
 ENVS_PER_DEVICE, NUM_STEPS = 8, 8
 STEPS_PER_UPDATE = NUM_STEPS * ENVS_PER_DEVICE * NUM_DEVICES
-TIMEOUT_S = 300
+TIMEOUT_S = 900
 # test_trainer.py's TINY shapes on the cpu_demo preset (as its CLI test runs them).
 TINY_FLAGS = [
     "--config", "cpu_demo", "--map_size", "16", "--max_steps", "12", "--num_maps", "16",
