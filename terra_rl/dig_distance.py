@@ -53,16 +53,17 @@ def _shift(x: jax.Array, dr: int, dc: int, fill) -> jax.Array:
     return padded[..., pad + dr : pad + dr + n, pad + dc : pad + dc + n]
 
 
-def dig_distance_field(obs: dict) -> jax.Array:
+def dig_distance_field(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
     """int32 [..., N, N]: 8-connected steps over free tiles from each tile to the nearest
     free tile with a work tile (`work_tiles`: an undug target, or misplaced soil once every
     target is dug) in the arm's ring; `unreachable_distance(N)` where none is reachable (or
     the tile is blocked). Free: no obstacle, not dug, soil no higher than the env's default
-    `drivable_soil_height` of 1 (the config allows this field with no other)."""
+    `drivable_soil_height` of 1 (the config allows this field with no other). `in_reach`:
+    `work_in_reach(obs)`, where the caller has it already."""
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
     free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
-    in_reach = work_in_reach(obs)
+    in_reach = work_in_reach(obs) if in_reach is None else in_reach
     far = unreachable_distance(size)
     start = jnp.where(free & in_reach, 0, far).astype(jnp.int32)
     neighbours = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if (dr, dc) != (0, 0)]
@@ -119,12 +120,13 @@ def unreachable_distance(map_size: int) -> int:
     return 2 * map_size
 
 
-def dig_distance_features(obs: dict) -> jax.Array:
+def dig_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): at the agent's tile,
     the distance / far and whether a diggable tile is reachable; then for each of the 12
     directions from the base heading, the same two at the next tile in that direction and
-    the change of distance clipped to [-1, 1] (+1 where that tile is blocked)."""
-    field = dig_distance_field(obs)
+    the change of distance clipped to [-1, 1] (+1 where that tile is blocked). `in_reach`:
+    `work_in_reach(obs)`, where the caller has it already."""
+    field = dig_distance_field(obs, in_reach)
     size = field.shape[-1]
     far = unreachable_distance(size)
     agent = obs["agent_state"]

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from terra_rl.compass import compass
-from terra_rl.dig_distance import dig_distance_features
+from terra_rl.dig_distance import dig_distance_features, work_in_reach
 from terra_rl.egocentric import egocentric_view
 from terra_rl.pose_distance import pose_distance_features
 
@@ -58,7 +58,8 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     """The parameter-free observation features `config` asks for: "compass" float32
     [..., 240], "dig_distance" float32 [..., 38], "pose_distance" float32 [..., 14],
     "egocentric_view" float32 [..., S, S, 4].
-    A key already in `obs` is taken from it, not computed again."""
+    A key already in `obs` is taken from it, not computed again. The dig and pose distances
+    lead to the same goals (`work_in_reach`), computed once for both."""
     wanted = {
         "compass": (config.compass, compass),
         "dig_distance": (config.dig_distance, dig_distance_features),
@@ -66,5 +67,11 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
         "egocentric_view": (config.egocentric_radius > 0,
                             lambda o: egocentric_view(o, config.egocentric_radius)),
     }
+    to_compute = {key for key, (enabled, _) in wanted.items() if enabled and key not in obs}
+    if to_compute & {"dig_distance", "pose_distance"}:
+        in_reach = work_in_reach(obs)
+        for key in ("dig_distance", "pose_distance"):
+            enabled, features_of = wanted[key]
+            wanted[key] = (enabled, lambda o, f=features_of: f(o, in_reach))
     return {key: obs[key] if key in obs else features_of(obs)
             for key, (enabled, features_of) in wanted.items() if enabled}

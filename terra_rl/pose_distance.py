@@ -74,26 +74,32 @@ def _distances_for(map_size: int):
     return jax.vmap(one_env)
 
 
-def pose_distances(obs: dict) -> jax.Array:
+def pose_distances(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
     """int32 [..., 5]: base actions from the agent's own state, then from the state after
     FORWARD, BACKWARD, CLOCK/WHEELS_LEFT and ANTICLOCK/WHEELS_RIGHT, to the nearest state
     with work in the arm's ring; `max_distance(N)` where that is farther, blocked or off
     the map. Uses the env's default geometry and `drivable_soil_height` 1 (the config
-    allows this feature with no other)."""
+    allows this feature with no other). `in_reach`: `work_in_reach(obs)`, where the caller
+    has it already."""
     batch = obs["agent_type"].shape
     size = obs["target_map"].shape[-1]
     flat = {key: obs[key].reshape(-1, *obs[key].shape[len(batch):])
             for key in ("target_map", "action_map", "obstacles", "dumpability", "agent_state",
                         "agent_type")}
-    goal_positions = work_in_reach(flat)
+    if in_reach is None:
+        goal_positions = work_in_reach(flat)
+    else:
+        goal_positions = in_reach.reshape(-1, size, size)
     distances = _distances_for(size)(flat["action_map"], flat["obstacles"], goal_positions,
                                      flat["agent_state"], flat["agent_type"])
     return distances.reshape(*batch, 1 + NUM_BASE_ACTIONS)
 
 
-def pose_distance_features(obs: dict) -> jax.Array:
+def pose_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): from the agent's own
     state, the distance / max and whether work is in reach within the max; then for each
     base action, the same two after it and the change of distance clipped to [-1, 1] (+1
-    where the action is blocked or leads out of reach)."""
-    return distance_features(pose_distances(obs), max_distance(obs["target_map"].shape[-1]))
+    where the action is blocked or leads out of reach). `in_reach`: `work_in_reach(obs)`,
+    where the caller has it already."""
+    distances = pose_distances(obs, in_reach)
+    return distance_features(distances, max_distance(obs["target_map"].shape[-1]))

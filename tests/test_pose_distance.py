@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from envs import actions as A
-from terra_rl.dig_distance import work_in_reach
+from terra_rl.dig_distance import dig_distance_features, work_in_reach
 from terra_rl.models import ExcavationPolicy, PolicyConfig
 from terra_rl.parameters import count_parameters
+from terra_rl.policy_inputs import derived_features
 from terra_rl.pose_distance import (
     NUM_FEATURES,
     max_distance,
@@ -145,3 +146,16 @@ def test_policy_with_pose_distance_adds_only_its_mlp():
     assert encoders[True]["pose_distance_mlp"]["Dense_0"]["kernel"].shape[0] == NUM_FEATURES
     extra = count_parameters(params[True]) - count_parameters(params[False])
     assert extra == count_parameters(encoders[True]["pose_distance_mlp"]) + 64 * 32
+
+
+def test_derived_features_share_one_goal_map_and_match_each_feature_alone():
+    """`derived_features` computes `work_in_reach` once for both distances; each feature
+    equals what it computes on its own, and a given goal map is the one used."""
+    obs = {k: jnp.asarray(v) for k, v in small.varied_observations().items()}
+    config = PolicyConfig("flat", 32, 32, dig_distance=True, pose_distance=True)
+    shared = jax.jit(lambda o: derived_features(o, config))(obs)
+    np.testing.assert_array_equal(shared["pose_distance"], features_jit(obs))
+    np.testing.assert_array_equal(shared["dig_distance"], jax.jit(dig_distance_features)(obs))
+    assert np.asarray(pose_distances(obs)).min() < FAR
+    no_goals = jnp.zeros(obs["target_map"].shape, bool)
+    np.testing.assert_array_equal(np.asarray(pose_distances(obs, no_goals)), FAR)
