@@ -291,6 +291,19 @@ PRESETS: dict[str, TrainConfig] = {
     ),
 }
 
+# Issue 12's CPU preset for small maps: `cpu_demo` on 16x16 trenches and foundations, half the
+# excavators wheeled, no curriculum (its envs all end on the last level, so one chain cannot
+# train two map types side by side), 30 minutes on the 2-core CPU. What it reaches:
+# docs/RESULTS.md.
+PRESETS["cpu_small_maps"] = dataclasses.replace(
+    PRESETS["cpu_demo"],
+    map_types=("trenches", "foundations"),
+    curriculum=(),
+    wheeled_fraction=0.5,
+    total_timesteps=5_734_400,  # 2,800 updates: 30 minutes on this CPU, launch to exit
+    log_eval_interval=200,
+)
+
 
 def get_preset(name: str) -> TrainConfig:
     """The preset `name`, recording its name in the config."""
