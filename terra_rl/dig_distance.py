@@ -58,8 +58,8 @@ def dig_distance_field(obs: dict, in_reach: jax.Array | None = None) -> jax.Arra
     free tile with a work tile (`work_tiles`: an undug target, or misplaced soil once every
     target is dug) in the arm's ring; `unreachable_distance(N)` where none is reachable (or
     the tile is blocked). Free: no obstacle, not dug, soil no higher than the env's default
-    `drivable_soil_height` of 1 (the config allows this field with no other). `in_reach`:
-    `work_in_reach(obs)`, where the caller has it already."""
+    `drivable_soil_height` of 1 (the config allows this field with no other).
+    `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already."""
     target, action = obs["target_map"], obs["action_map"]
     size = target.shape[-1]
     free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
@@ -124,8 +124,8 @@ def dig_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.A
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): at the agent's tile,
     the distance / far and whether a diggable tile is reachable; then for each of the 12
     directions from the base heading, the same two at the next tile in that direction and
-    the change of distance clipped to [-1, 1] (+1 where that tile is blocked). `in_reach`:
-    `work_in_reach(obs)`, where the caller has it already."""
+    the change of distance clipped to [-1, 1] (+1 where that tile is blocked).
+    `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already."""
     field = dig_distance_field(obs, in_reach)
     size = field.shape[-1]
     far = unreachable_distance(size)

@@ -79,8 +79,8 @@ def pose_distances(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
     FORWARD, BACKWARD, CLOCK/WHEELS_LEFT and ANTICLOCK/WHEELS_RIGHT, to the nearest state
     with work in the arm's ring; `max_distance(N)` where that is farther, blocked or off
     the map. Uses the env's default geometry and `drivable_soil_height` 1 (the config
-    allows this feature with no other). `in_reach`: `work_in_reach(obs)`, where the caller
-    has it already."""
+    allows this feature with no other). `in_reach` bool [..., N, N]: `work_in_reach(obs)`,
+    where the caller has it already."""
     batch = obs["agent_type"].shape
     size = obs["target_map"].shape[-1]
     flat = {key: obs[key].reshape(-1, *obs[key].shape[len(batch):])
@@ -99,7 +99,7 @@ def pose_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): from the agent's own
     state, the distance / max and whether work is in reach within the max; then for each
     base action, the same two after it and the change of distance clipped to [-1, 1] (+1
-    where the action is blocked or leads out of reach). `in_reach`: `work_in_reach(obs)`,
-    where the caller has it already."""
+    where the action is blocked or leads out of reach). `in_reach` bool [..., N, N]:
+    `work_in_reach(obs)`, where the caller has it already."""
     distances = pose_distances(obs, in_reach)
     return distance_features(distances, max_distance(obs["target_map"].shape[-1]))
