@@ -3,9 +3,10 @@
 Fast path (`step`): every env runs `step_no_reset`; only when some env finished does the
 reset branch run, under a `lax.cond` whose predicate is one unbatched `jnp.any(done)`.
 (A `cond` on a batched predicate under `vmap` lowers to a `select` that runs both
-branches every step.) Inside it, when at most `max_partial_resets` envs finished (the usual
-case with staggered ages: about num_envs / max_steps per step), only those envs are
-gathered, reset and scattered back; more than that resets the whole batch.
+branches every step.) Inside it, the finished envs are gathered, reset and scattered back
+`max_partial_resets` at a time in a `lax.while_loop`: one pass in the usual case (with
+staggered ages about num_envs / max_steps envs finish per step), and a single compiled copy
+of the reset whatever the count.
 `step_reference` resets every env unconditionally and selects. Each env's reset key is the
 same on every path, so all paths give identical results, which the parity tests check.
 """
@@ -113,31 +114,39 @@ class BatchEnv:
             )
             return select_where(done, reset_obs, obs), select_where(done, reset_state, next_state)
 
-        def reset_few(operands):
-            obs, next_state = operands
+        def reset_chunks(operands):
+            # The done envs, `max_partial_resets` at a time (gathered, reset, scattered back):
+            # one copy of the reset and its observation in the program, however many finished.
+            chunk = self.max_partial_resets
             # Indices of the done envs, padded with num_envs (out of range: dropped on write).
-            (index,) = jnp.nonzero(done, size=self.max_partial_resets, fill_value=self.num_envs)
-            gather = jnp.minimum(index, self.num_envs - 1)
-            reset_obs, reset_state = reset_envs(
-                reset_keys()[gather],
-                params,
-                next_state.agent.agent_type[gather],
-                jax.tree.map(lambda x: x[gather], next_state.curriculum),
-            )
-            scatter = lambda full, part: full.at[index].set(part, mode="drop")  # noqa: E731
-            return jax.tree.map(scatter, obs, reset_obs), jax.tree.map(
-                scatter, next_state, reset_state
-            )
+            (index,) = jnp.nonzero(done, size=self.num_envs, fill_value=self.num_envs)
+            index = jnp.concatenate([index, jnp.full((chunk,), self.num_envs, index.dtype)])
+            keys = reset_keys()
 
-        def reset_done(operands):
-            few = jnp.sum(done) <= self.max_partial_resets
-            return jax.lax.cond(few, reset_few, reset_all, operands)
+            def reset_one_chunk(carry):
+                start, obs, next_state = carry
+                part = jax.lax.dynamic_slice(index, (start,), (chunk,))
+                gather = jnp.minimum(part, self.num_envs - 1)
+                reset_obs, reset_state = reset_envs(
+                    keys[gather],
+                    params,
+                    next_state.agent.agent_type[gather],
+                    jax.tree.map(lambda x: x[gather], next_state.curriculum),
+                )
+                scatter = lambda full, new: full.at[part].set(new, mode="drop")  # noqa: E731
+                return (start + chunk, jax.tree.map(scatter, obs, reset_obs),
+                        jax.tree.map(scatter, next_state, reset_state))
+
+            count = jnp.sum(done)
+            _, obs, next_state = jax.lax.while_loop(
+                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), *operands))
+            return obs, next_state
 
         if reset_always:
             new_obs, new_state = reset_all((obs, next_state))
         else:
             new_obs, new_state = jax.lax.cond(
-                jnp.any(done), reset_done, lambda x: x, (obs, next_state)
+                jnp.any(done), reset_chunks, lambda x: x, (obs, next_state)
             )
         info = dict(info, final_observation=obs)
         return new_obs, new_state, reward, terminated, truncated, info

@@ -78,6 +78,13 @@ def unpack(x: jax.Array, n: int) -> jax.Array:
     return bits.reshape(*x.shape[:-1], -1)[..., :n].astype(bool)
 
 
+def _column_bits(n: int) -> np.ndarray:
+    """uint32 [ceil(N / 32)]: the bits of each word that hold a column of an N-wide map."""
+    words = np.full(-(-n // WORD), 0xFFFFFFFF, np.uint32)
+    words[-1] = (1 << (n % WORD)) - 1
+    return words
+
+
 def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
     the map (|dc| < 32)."""
@@ -107,6 +114,81 @@ def _column_bits(n: int) -> np.ndarray:
     return words
 
 
+def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
+    """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
+    the map (|dc| < 32)."""
+    if dr:
+        rows = [(0, 0)] * (x.ndim - 2) + [(max(dr, 0), max(-dr, 0)), (0, 0)]
+        x = jnp.pad(x, rows)[..., max(-dr, 0) : max(-dr, 0) + n, :]
+    if dc == 0:
+        return x
+    shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
+    if x.shape[-1] == 1:  # one word a row (N <= 32): nothing to carry between words
+        y = x << shift if dc > 0 else x >> shift
+    elif dc > 0:  # towards higher columns: bits move up, carrying from the word below
+        below = jnp.concatenate([jnp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
+        y = (x << shift) | (below >> back)
+    else:
+        above = jnp.concatenate([x[..., 1:], jnp.zeros_like(x[..., :1])], axis=-1)
+        y = (x >> shift) | (above << back)
+    if n % WORD:  # clear the bits beyond the last column (a constant per word)
+        y = y & _column_bits(n)
+    return y
+
+
+def _moved_each(x: jax.Array, shifts, n: int) -> jax.Array:
+    """Packed uint32 [..., C, N, words], each of the C maps moved by its own (dr, dc) of
+    `shifts` int [C, 2] (static, |dc| < 32), like `_moved`. The maps are sorted by offset,
+    each run of equal offsets moved by one `_moved`, and put back in order: a handful of ops
+    for the few distinct moves of a search instead of one `_moved` per map, whose compile
+    grew with every call (docs/PERFORMANCE.md)."""
+    shifts = np.asarray(shifts, np.int64).reshape(-1, 2)
+    distinct, group = np.unique(shifts, axis=0, return_inverse=True)
+    order = np.argsort(group.ravel(), kind="stable")
+    sorted_maps = x if (order == np.arange(len(order))).all() else x[..., order, :, :]
+    bounds = np.searchsorted(group.ravel()[order], np.arange(len(distinct) + 1))
+    moved = jnp.concatenate(
+        [_moved(sorted_maps[..., start:end, :, :], int(dr), int(dc), n)
+         for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)],
+        axis=-3,
+    )
+    return moved[..., np.argsort(order), :, :]
+
+
+def make_moves(moves, num_maps: int, n: int):
+    """`apply(x) -> y`, packed uint32 [..., C, N, words] -> [..., num_maps, N, words]:
+    y[d] = the OR over the moves (source s, destination d, dr, dc) into d of x[s] moved by
+    (dr, dc) (`_moved`; static ints, |dc| < 32).
+
+    The moves are sorted by offset, so each distinct offset costs one `_moved` over all the
+    maps it moves (one gather picks them, one more gathers each destination's arrivals):
+    a few dozen ops for a search's hundreds of moves. One `_moved` per move made the cut-off
+    rule's and the pose distance's compiles grow with every move (docs/PERFORMANCE.md)."""
+    moves = np.asarray(moves, np.int64).reshape(-1, 4)
+    count = len(moves)
+    distinct, group = np.unique(moves[:, 2:], axis=0, return_inverse=True)
+    group = group.ravel()
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(len(distinct) + 1))
+    slot = np.empty(count, np.int64)  # where each move lands in the sorted order
+    slot[order] = np.arange(count)
+    arriving = [slot[moves[:, 1] == d].tolist() for d in range(num_maps)]
+    width = max(len(slots) for slots in arriving)
+    # Padded with `count`: the all-zero map appended after the moved ones.
+    arrivals = np.array([slots + [count] * (width - len(slots)) for slots in arriving])
+    sources = moves[order, 0]
+
+    def apply(x):
+        picked = x[..., sources, :, :]
+        moved = [_moved(picked[..., start:end, :, :], int(dr), int(dc), n)
+                 for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)]
+        moved = jnp.concatenate([*moved, jnp.zeros_like(picked[..., :1, :, :])], axis=-3)
+        return jax.lax.reduce(moved[..., arrivals, :, :], jnp.uint32(0), jax.lax.bitwise_or,
+                              (x.ndim - 2,))
+
+    return apply
+
+
 def make_reachable_poses(config: EnvConfig):
     """`reachable(action_map, obstacles, pos, heading, is_wheeled) -> bool [12, N, N]`: the
     base poses (heading, row, col) the agent can drive to from (pos, heading) on these maps.
@@ -119,16 +201,16 @@ def make_free_poses(config: EnvConfig):
     """`free_poses(action_map, obstacles) -> uint32 [12, N, words]` (packed): the base poses
     (heading, row, col) whose footprint lies inside the map on traversable tiles."""
     footprints = footprint_offsets(config)
+    tiles = sorted(set().union(*footprints))  # every offset some heading's footprint covers
+    in_footprint = np.array([[tile in footprint for tile in tiles] for footprint in footprints])
     n = config.map_size
 
     def free_poses(action_map, obstacles):
         free = pack(excavation.traversable(obstacles, action_map, config.drivable_soil_height))
-        all_ones = jnp.full_like(free, jnp.uint32(0xFFFFFFFF))
-        return jnp.stack([
-            functools.reduce(jnp.bitwise_and, [_moved(free, -dr, -dc, n) for dr, dc in tiles],
-                             all_ones)
-            for tiles in footprints
-        ])
+        # under[k, r, c]: the tile at (r, c) + tiles[k] is free (pose centre at (r, c)).
+        under = jnp.stack([_moved(free, -dr, -dc, n) for dr, dc in tiles])
+        needed = jnp.where(in_footprint[:, :, None, None], under[None], jnp.uint32(0xFFFFFFFF))
+        return jax.lax.reduce(needed, jnp.uint32(0xFFFFFFFF), jax.lax.bitwise_and, (1,))
 
     return free_poses
 
@@ -138,7 +220,7 @@ def _make_reachable_packed(config: EnvConfig):
     steps = geo.move_displacements(config.move_step)  # [24, 2], per 15-degree angle
     n = config.map_size
 
-    def grow(reach, pose_free, is_wheeled):
+    def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [12, N, words]
         straight, arcs = [], [jnp.zeros_like(reach[0])] * H
         for h in range(H):
             dr, dc = (int(v) for v in steps[2 * h])
@@ -182,7 +264,7 @@ def make_targets_cut_off(config: EnvConfig):
 
     def cut_off(target_map, action_map, obstacles, pos, heading, is_wheeled):
         reach = reachable(action_map, obstacles, pos, heading, is_wheeled)
-        positions = functools.reduce(jnp.bitwise_or, list(reach))
+        positions = jax.lax.reduce(reach, jnp.uint32(0), jax.lax.bitwise_or, (0,))
         covered = functools.reduce(
             jnp.bitwise_or, [_moved(positions, dr, dc, n) for dr, dc in ring]
         )
@@ -214,22 +296,22 @@ def make_move_distances(config: EnvConfig, max_distance: int):
     limit = config.wheel_angle_limit
     wheels = tuple(range(-limit, limit + 1))
 
+    # Layer l (wheel angle w), heading h: FORWARD by steps[2h + w] to heading h + w, BACKWARD
+    # by -steps[2h - w] to heading h - w; the maps [wheels, 12] flattened to one axis.
+    arcs = make_moves(
+        [(layer * H + h, layer * H + (h + w) % H, *steps[(2 * h + w) % (2 * H)])
+         for layer, w in enumerate(wheels) for h in range(H)]
+        + [(layer * H + h, layer * H + (h - w) % H, *-steps[(2 * h - w) % (2 * H)])
+           for layer, w in enumerate(wheels) for h in range(H)],
+        len(wheels) * H, n)
+
     def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [wheels, 12, N, words]
-        arcs = []
-        for layer, wheel in enumerate(wheels):
-            moved = [jnp.zeros_like(reach[0, 0])] * H
-            for h in range(H):
-                fr, fc = (int(v) for v in steps[(2 * h + wheel) % (2 * H)])
-                br, bc = (int(v) for v in steps[(2 * h - wheel) % (2 * H)])
-                ahead, behind = (h + wheel) % H, (h - wheel) % H
-                moved[ahead] = moved[ahead] | _moved(reach[layer, h], fr, fc, n)
-                moved[behind] = moved[behind] | _moved(reach[layer, h], -br, -bc, n)
-            arcs.append(jnp.stack(moved))
+        moved = arcs(reach.reshape(-1, *reach.shape[2:])).reshape(reach.shape)
         none = jnp.zeros_like(reach[:1])
         wheel_turns = (jnp.concatenate([none, reach[:-1]])
                        | jnp.concatenate([reach[1:], none]))
         base_turns = jnp.roll(reach, 1, axis=1) | jnp.roll(reach, -1, axis=1)
-        moved = jnp.stack(arcs) | jnp.where(is_wheeled, wheel_turns, base_turns)
+        moved = moved | jnp.where(is_wheeled, wheel_turns, base_turns)
         return reach | (moved & pose_free[None])
 
     def distances(action_map, obstacles, goal_positions, queries, valid, is_wheeled):

@@ -22,7 +22,8 @@ class Transition:
     reward:       float32 [num_envs]
     terminated:   bool [num_envs] task done: no bootstrap
     truncated:    bool [num_envs] timeout: bootstrap from the final observation
-    final_value:  float32 [num_envs] V(final_observation) where truncated, else 0
+    final_obs:    the pre-reset observation (`info["final_observation"]`), whose value
+                  bootstraps a truncated step (`update.make_bootstrap_values_fn`)
     age:          int32 [num_envs] episode age of `obs` (steps already taken)
     progress:     float32 [num_envs] episode progress after the step
     """
@@ -34,7 +35,7 @@ class Transition:
     reward: jax.Array
     terminated: jax.Array
     truncated: jax.Array
-    final_value: jax.Array
+    final_obs: dict
     age: jax.Array
     progress: jax.Array
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import math
 from collections.abc import Callable
 
 import jax
@@ -86,31 +85,45 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
     return jax.pmap(init, axis_name=AXIS)
 
 
-def make_truncated_value_fn(outputs: Callable, num_envs: int, max_gathers: int | None = None):
-    """`values(params, final_obs, truncated bool [num_envs]) -> float32 [num_envs]`:
-    V(final_observation) where truncated, else 0. The critic runs only when some env timed
-    out, and then only on those envs (gathered) while at most `max_gathers` did."""
-    if max_gathers is None:
-        max_gathers = max(1, math.ceil(num_envs / 32))
+def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
+    """`values(params, last_obs, final_obs, truncated) -> (last_value float32 [N], final_values
+    float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the observation after the rollout)
+    and V(final_obs[t]) where `truncated` bool [T, N], else 0 (final_obs pytree [T, N, ...],
+    the pre-reset observations).
 
-    def few(operands):
-        params, final_obs, truncated = operands
-        (index,) = jnp.nonzero(truncated, size=max_gathers, fill_value=num_envs)
-        gathered = jax.tree.map(lambda x: x[jnp.minimum(index, num_envs - 1)], final_obs)
-        _, values = outputs(params, gathered)
-        return jnp.zeros((num_envs,), jnp.float32).at[index].set(values, mode="drop")
+    One `lax.while_loop` whose body is one critic pass over N observations: the last ones
+    first, then the truncated steps' final observations, N at a time (gathered), so usually
+    two passes per update. The critic, the policy's derived inputs included, is compiled
+    once here instead of three times (a pass per rollout step where envs time out, and one
+    for the last observation): docs/PERFORMANCE.md, "Before the first update"."""
 
-    def every(operands):
-        params, final_obs, truncated = operands
-        _, values = outputs(params, final_obs)
-        return jnp.where(truncated, values, 0.0)
+    def values(params, last_obs, final_obs, truncated):
+        steps = truncated.shape[0]
+        flat_final = jax.tree.map(lambda x: x.reshape((steps * num_envs,) + x.shape[2:]),
+                                  final_obs)
+        flat_truncated = truncated.reshape(-1)
+        # Indices of the truncated steps, padded with steps * num_envs (dropped on write).
+        (index,) = jnp.nonzero(flat_truncated, size=steps * num_envs,
+                               fill_value=steps * num_envs)
+        passes = 1 + -(-jnp.sum(flat_truncated) // num_envs)
 
-    def some(operands):
-        return jax.lax.cond(jnp.sum(operands[2]) <= max_gathers, few, every, operands)
+        def body(carry):
+            done, last_value, final_values = carry
+            chunk = jax.lax.dynamic_slice(index, (jnp.maximum(done - 1, 0) * num_envs,),
+                                          (num_envs,))
+            gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, steps * num_envs - 1)],
+                                    flat_final)
+            obs = jax.tree.map(lambda a, b: jnp.where(done == 0, a, b), last_obs, gathered)
+            _, value = outputs(params, obs)
+            last_value = jnp.where(done == 0, value, last_value)
+            written = jnp.where(done == 0, steps * num_envs, chunk)
+            final_values = final_values.at[written].set(value, mode="drop")
+            return done + 1, last_value, final_values
 
-    def values(params, final_obs, truncated):
-        none = lambda _: jnp.zeros((num_envs,), jnp.float32)  # noqa: E731
-        return jax.lax.cond(jnp.any(truncated), some, none, (params, final_obs, truncated))
+        carry = (jnp.int32(0), jnp.zeros((num_envs,), jnp.float32),
+                 jnp.zeros((steps * num_envs,), jnp.float32))
+        _, last_value, final_values = jax.lax.while_loop(lambda c: c[0] < passes, body, carry)
+        return last_value, final_values.reshape(steps, num_envs)
 
     return values
 
@@ -189,7 +202,7 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
-    truncated_values = make_truncated_value_fn(outputs, num_envs)
+    bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
 
     def rollout_step(env_params, carry, _):
         params, env_state, obs, rng, counters = carry
@@ -201,7 +214,6 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         next_obs, env_state, reward, terminated, truncated, info = env.step(
             key_env, env_state, action, env_params
         )
-        final_value = truncated_values(params, info["final_observation"], truncated)
         done = terminated | truncated
         episode_return = counters.episode_return + reward
         reported = done & counters.episode_full
@@ -213,7 +225,7 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            final_value=final_value,
+            final_obs=info["final_observation"],
             age=age,
             progress=info["episode_progress"],
         )
@@ -271,9 +283,10 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
             functools.partial(rollout_step, env_params), carry, None, config.num_steps
         )
         _, env_state, last_obs, rng, counters = carry
-        _, last_value = outputs(params, last_obs)
+        last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
+                                                    traj.truncated)
         next_value = ppo.next_values(
-            traj.value, last_value, traj.terminated, traj.truncated, traj.final_value
+            traj.value, last_value, traj.terminated, traj.truncated, final_values
         )
         done = traj.terminated | traj.truncated
         advantages, returns = ppo.gae_advantages(

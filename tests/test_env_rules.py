@@ -276,18 +276,26 @@ def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
 
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_packed_shifts_equal_boolean_shifts(size):
-    """The cut-off rule's flood fill shifts maps packed 32 columns to a word; every shift it
-    uses (moves, footprints, the arm's ring: |offset| <= 10) equals the plain one."""
-    from envs.reachability import _moved, pack, unpack
+    """The searches shift maps packed 32 columns to a word; every shift they use (moves,
+    footprints, the arm's ring: |offset| <= 10) equals the plain one, alone and as the moves
+    of `make_moves` (each to its own map, and two into one map: their OR)."""
+    from envs.reachability import _moved, make_moves, pack, unpack
 
     rng = np.random.default_rng(size)
     x = rng.random((2, size, size)) < 0.4
     assert (np.asarray(unpack(pack(jnp.asarray(x)), size)) == x).all()
-    for dr, dc in [(0, 0), (1, 0), (-2, 0), (0, 1), (0, -1), (3, -5), (-9, 10), (10, 9)]:
-        expected = np.zeros_like(x)
+    offsets = [(0, 0), (1, 0), (-2, 0), (0, 1), (0, -1), (3, -5), (-9, 10), (10, 9), (1, 0)]
+    expected = np.zeros((2, len(offsets), size, size), bool)
+    for i, (dr, dc) in enumerate(offsets):
         rows = slice(max(dr, 0), size + min(dr, 0))
         cols = slice(max(dc, 0), size + min(dc, 0))
-        expected[:, rows, cols] = x[:, max(-dr, 0):size - max(dr, 0),
-                                    max(-dc, 0):size - max(dc, 0)]
+        expected[:, i, rows, cols] = x[:, max(-dr, 0):size - max(dr, 0),
+                                       max(-dc, 0):size - max(dc, 0)]
         got = np.asarray(unpack(_moved(pack(jnp.asarray(x)), dr, dc, size), size))
-        assert (got == expected).all(), (dr, dc)
+        assert (got == expected[:, i]).all(), (dr, dc)
+    # The one input map moves by each offset in turn, to a map of its own.
+    moves = [(0, i, dr, dc) for i, (dr, dc) in enumerate(offsets)] + [(0, 0, 1, 0)]
+    apply = make_moves(moves, len(offsets), size)
+    got = np.asarray(unpack(apply(pack(jnp.asarray(x[:, None]))), size))  # [2, maps, N, N]
+    expected[:, 0] |= expected[:, 1]  # the extra move into map 0
+    assert (got == expected).all()

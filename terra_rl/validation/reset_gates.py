@@ -109,7 +109,7 @@ def synthetic_step_fast_reset(options: GateOptions) -> str:
 
 
 def synthetic_batch_step_fast_reset(options: GateOptions) -> str:
-    """No env done, one (the gather/reset/scatter branch), half (whole-batch reset), all."""
+    """No env done, one (one pass of the gather/reset/scatter loop), half and all (several)."""
     batch, params = small.small_batch(), small.small_params()
     num_envs, last = batch.num_envs, batch.env.config.max_steps - 1
     require(batch.max_partial_resets == 1, "the small batch resets at most 1 env by gathering")

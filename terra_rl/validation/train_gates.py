@@ -217,17 +217,17 @@ def checkpoint_config_restore(options: GateOptions) -> str:
 
 
 def timeout_bootstrap_value(options: GateOptions) -> str:
-    from terra_rl.update import make_truncated_value_fn
+    from terra_rl.update import make_bootstrap_values_fn
 
     env = small.small_train_env()
     reset, step = small.make_batch_reset(env.batch_env), small.make_step_pair(env.batch_env)
     _, params = small.smoke_policy()
     outputs = small.make_policy_outputs(True)
-    max_gathers = 2
-    values_fn = jax.jit(make_truncated_value_fn(outputs, env.num_envs, max_gathers))
+    values_fn = jax.jit(make_bootstrap_values_fn(outputs, env.num_envs))
     obs, state = reset(jax.random.PRNGKey(4), env.params)
     last = env.max_steps - 1
-    counts = (0, 1, max_gathers, 5, env.num_envs)  # none; gathered; the whole batch evaluated
+    # none; one; a few; the whole batch, on each of two rollout steps (more than one pass)
+    counts = (0, 1, 5, env.num_envs)
     for count in counts:
         timed_out = np.random.default_rng(count).permutation(env.num_envs)[:count]
         ages = np.zeros(env.num_envs, np.int32)
@@ -242,14 +242,22 @@ def timeout_bootstrap_value(options: GateOptions) -> str:
             f"{count} timeouts expected, got {truncated.sum()}",
         )
         final_obs = info["final_observation"]
-        final_values = np.asarray(values_fn(params, final_obs, jnp.asarray(truncated)))
+        two_steps = jax.tree.map(lambda x: jnp.stack([x, x]), final_obs)
+        last_value, final_values = values_fn(params, next_obs, two_steps,
+                                             jnp.asarray(np.stack([truncated, truncated])))
+        final_values = np.asarray(final_values)
         _, value_final = outputs(params, final_obs)
         _, value_next = outputs(params, next_obs)
         value_final, value_next = np.asarray(value_final), np.asarray(value_next)
         require(
-            np.allclose(final_values, np.where(truncated, value_final, 0), atol=1e-6),
+            np.allclose(np.asarray(last_value), value_next, atol=1e-6),
+            f"{count} timeouts: the last value is not V(observation after the rollout)",
+        )
+        require(
+            np.allclose(final_values, np.where(truncated, value_final, 0)[None], atol=1e-6),
             f"{count} timeouts: bootstrap values are not V(final observation)",
         )
+        final_values = final_values[0]
         _, value_now = outputs(params, obs)
         bootstrap = np.asarray(
             ppo.next_values(
