@@ -220,18 +220,18 @@ def _make_reachable_packed(config: EnvConfig):
     steps = geo.move_displacements(config.move_step)  # [24, 2], per 15-degree angle
     n = config.map_size
 
+    straight = make_moves(
+        [(h, h, *(sign * steps[2 * h])) for h in range(H) for sign in (1, -1)], H, n)
+    # Wheeled arcs, wheel angle w: heading h moves FORWARD by steps[2h + w] to heading h + w,
+    # BACKWARD by -steps[2h - w] to heading h - w.
+    arcs = make_moves(
+        [(h, (h + w) % H, *steps[(2 * h + w) % (2 * H)]) for h in range(H) for w in (-1, 1)]
+        + [(h, (h - w) % H, *-steps[(2 * h - w) % (2 * H)]) for h in range(H) for w in (-1, 1)],
+        H, n)
+
     def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [12, N, words]
-        straight, arcs = [], [jnp.zeros_like(reach[0])] * H
-        for h in range(H):
-            dr, dc = (int(v) for v in steps[2 * h])
-            straight.append(_moved(reach[h], dr, dc, n) | _moved(reach[h], -dr, -dc, n))
-            for wheel in (-1, 1):
-                fr, fc = (int(v) for v in steps[(2 * h + wheel) % (2 * H)])
-                br, bc = (int(v) for v in steps[(2 * h - wheel) % (2 * H)])
-                arcs[(h + wheel) % H] = arcs[(h + wheel) % H] | _moved(reach[h], fr, fc, n)
-                arcs[(h - wheel) % H] = arcs[(h - wheel) % H] | _moved(reach[h], -br, -bc, n)
         turns = jnp.roll(reach, 1, axis=0) | jnp.roll(reach, -1, axis=0)
-        moved = jnp.stack(straight) | jnp.where(is_wheeled, jnp.stack(arcs), turns)
+        moved = straight(reach) | jnp.where(is_wheeled, arcs(reach), turns)
         return reach | (moved & pose_free)
 
     def reachable(action_map, obstacles, pos, heading, is_wheeled):

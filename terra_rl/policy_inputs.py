@@ -60,18 +60,19 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     "egocentric_view" float32 [..., S, S, 4].
     A key already in `obs` is taken from it, not computed again. The dig and pose distances
     lead to the same goals (`work_in_reach`), computed once for both."""
-    wanted = {
-        "compass": (config.compass, compass),
-        "dig_distance": (config.dig_distance, dig_distance_features),
-        "pose_distance": (config.pose_distance, pose_distance_features),
-        "egocentric_view": (config.egocentric_radius > 0,
-                            lambda o: egocentric_view(o, config.egocentric_radius)),
+    enabled = {
+        "compass": config.compass,
+        "dig_distance": config.dig_distance,
+        "pose_distance": config.pose_distance,
+        "egocentric_view": config.egocentric_radius > 0,
     }
-    to_compute = {key for key, (enabled, _) in wanted.items() if enabled and key not in obs}
-    if to_compute & {"dig_distance", "pose_distance"}:
-        in_reach = work_in_reach(obs)
-        for key in ("dig_distance", "pose_distance"):
-            enabled, features_of = wanted[key]
-            wanted[key] = (enabled, lambda o, f=features_of: f(o, in_reach))
-    return {key: obs[key] if key in obs else features_of(obs)
-            for key, (enabled, features_of) in wanted.items() if enabled}
+    missing = {key for key, on in enabled.items() if on and key not in obs}
+    in_reach = work_in_reach(obs) if missing & {"dig_distance", "pose_distance"} else None
+    compute = {
+        "compass": lambda: compass(obs),
+        "dig_distance": lambda: dig_distance_features(obs, in_reach),
+        "pose_distance": lambda: pose_distance_features(obs, in_reach),
+        "egocentric_view": lambda: egocentric_view(obs, config.egocentric_radius),
+    }
+    return {key: obs[key] if key in obs else compute[key]()
+            for key, on in enabled.items() if on}
