@@ -107,54 +107,6 @@ def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     return y
 
 
-def _column_bits(n: int) -> np.ndarray:
-    """uint32 [ceil(N / 32)]: the bits of each word that hold a column of an N-wide map."""
-    words = np.full(-(-n // WORD), 0xFFFFFFFF, np.uint32)
-    words[-1] = (1 << (n % WORD)) - 1
-    return words
-
-
-def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
-    """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
-    the map (|dc| < 32)."""
-    if dr:
-        rows = [(0, 0)] * (x.ndim - 2) + [(max(dr, 0), max(-dr, 0)), (0, 0)]
-        x = jnp.pad(x, rows)[..., max(-dr, 0) : max(-dr, 0) + n, :]
-    if dc == 0:
-        return x
-    shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
-    if x.shape[-1] == 1:  # one word a row (N <= 32): nothing to carry between words
-        y = x << shift if dc > 0 else x >> shift
-    elif dc > 0:  # towards higher columns: bits move up, carrying from the word below
-        below = jnp.concatenate([jnp.zeros_like(x[..., :1]), x[..., :-1]], axis=-1)
-        y = (x << shift) | (below >> back)
-    else:
-        above = jnp.concatenate([x[..., 1:], jnp.zeros_like(x[..., :1])], axis=-1)
-        y = (x >> shift) | (above << back)
-    if n % WORD:  # clear the bits beyond the last column (a constant per word)
-        y = y & _column_bits(n)
-    return y
-
-
-def _moved_each(x: jax.Array, shifts, n: int) -> jax.Array:
-    """Packed uint32 [..., C, N, words], each of the C maps moved by its own (dr, dc) of
-    `shifts` int [C, 2] (static, |dc| < 32), like `_moved`. The maps are sorted by offset,
-    each run of equal offsets moved by one `_moved`, and put back in order: a handful of ops
-    for the few distinct moves of a search instead of one `_moved` per map, whose compile
-    grew with every call (docs/PERFORMANCE.md)."""
-    shifts = np.asarray(shifts, np.int64).reshape(-1, 2)
-    distinct, group = np.unique(shifts, axis=0, return_inverse=True)
-    order = np.argsort(group.ravel(), kind="stable")
-    sorted_maps = x if (order == np.arange(len(order))).all() else x[..., order, :, :]
-    bounds = np.searchsorted(group.ravel()[order], np.arange(len(distinct) + 1))
-    moved = jnp.concatenate(
-        [_moved(sorted_maps[..., start:end, :, :], int(dr), int(dc), n)
-         for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)],
-        axis=-3,
-    )
-    return moved[..., np.argsort(order), :, :]
-
-
 def make_moves(moves, num_maps: int, n: int):
     """`apply(x) -> y`, packed uint32 [..., C, N, words] -> [..., num_maps, N, words]:
     y[d] = the OR over the moves (source s, destination d, dr, dc) into d of x[s] moved by

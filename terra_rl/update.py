@@ -95,7 +95,7 @@ def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
     first, then the truncated steps' final observations, N at a time (gathered), so usually
     two passes per update. The critic, the policy's derived inputs included, is compiled
     once here instead of three times (a pass per rollout step where envs time out, and one
-    for the last observation): docs/PERFORMANCE.md, "Before the first update"."""
+    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed"."""
 
     def values(params, last_obs, final_obs, truncated):
         steps = truncated.shape[0]
