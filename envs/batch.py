@@ -119,8 +119,7 @@ class BatchEnv:
             # one copy of the reset and its observation in the program, however many finished.
             chunk = self.max_partial_resets
             # Indices of the done envs, padded with num_envs (out of range: dropped on write).
-            (index,) = jnp.nonzero(done, size=self.num_envs, fill_value=self.num_envs)
-            index = jnp.concatenate([index, jnp.full((chunk,), self.num_envs, index.dtype)])
+            (index,) = jnp.nonzero(done, size=self.num_envs + chunk, fill_value=self.num_envs)
             keys = reset_keys()
 
             def reset_one_chunk(carry):

@@ -78,13 +78,6 @@ def unpack(x: jax.Array, n: int) -> jax.Array:
     return bits.reshape(*x.shape[:-1], -1)[..., :n].astype(bool)
 
 
-def _column_bits(n: int) -> np.ndarray:
-    """uint32 [ceil(N / 32)]: the bits of each word that hold a column of an N-wide map."""
-    words = np.full(-(-n // WORD), 0xFFFFFFFF, np.uint32)
-    words[-1] = (1 << (n % WORD)) - 1
-    return words
-
-
 def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
     the map (|dc| < 32)."""
@@ -105,6 +98,13 @@ def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     if n % WORD:  # clear the bits beyond the last column (a constant per word)
         y = y & _column_bits(n)
     return y
+
+
+def _column_bits(n: int) -> np.ndarray:
+    """uint32 [ceil(N / 32)]: the bits of each word that hold a column of an N-wide map."""
+    words = np.full(-(-n // WORD), 0xFFFFFFFF, np.uint32)
+    words[-1] = (1 << (n % WORD)) - 1
+    return words
 
 
 def make_moves(moves, num_maps: int, n: int):
