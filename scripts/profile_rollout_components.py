@@ -7,8 +7,9 @@
 Takes `train_mixed.py`'s preset and flags, plus `--repeats N` (timed calls per section,
 median reported), `--json PATH` (one object per section: name, seconds, calls_per_update,
 seconds_per_update, steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
-full updates, for TensorBoard or Perfetto). Sections: see `terra_rl/profiling.py`. Bad input
-exits 2 with one line.
+full updates, for TensorBoard or Perfetto, with the compiled update's HLO as
+`update.hlo.txt`: `scripts/trace_top_ops.py DIR` names the ops that take the time).
+Sections: see `terra_rl/profiling.py`. Bad input exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -61,11 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         trainer = build_trainer(config)
         runner = trainer.init_runner()
         update = trainer.compile_update(runner)
+        own.trace.mkdir(parents=True, exist_ok=True)
+        (own.trace / "update.hlo.txt").write_text(update.as_text())
         with jax.profiler.trace(str(own.trace)):
             for _ in range(3):
                 runner, metrics = update(runner, trainer.env_params)
             jax.block_until_ready(metrics)
-        print(f"wrote a jax.profiler trace of 3 updates under {own.trace}")
+        print(f"wrote a jax.profiler trace of 3 updates and the update's HLO under {own.trace}"
+              f"; read it with scripts/trace_top_ops.py {own.trace}")
     return 0
 
 

@@ -24,13 +24,15 @@ import pytest
 from terra_rl.validation.small import SMOKE_FIELDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_rollout_components.py"
+TOP_OPS = SCRIPT.with_name("trace_top_ops.py")
 SECTIONS = ["env_step", "policy_forward", "rollout", "gae", "minibatch_gradient",
             "optimizer_apply", "full_update", "host_overhead"]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("profile_rollout_components", SCRIPT)
+def load_script(path: Path = SCRIPT):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up there
     spec.loader.exec_module(script)
     return script
 
@@ -44,12 +46,13 @@ def tiny_flags() -> list[str]:
 
 
 def test_profile_reports_every_section_on_one_scale(tmp_path):
-    out = tmp_path / "profile.json"
+    out, trace = tmp_path / "profile.json", tmp_path / "trace"
     # The suite's compilation cache (this worker's directory; tests/conftest.py) and devices.
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), *tiny_flags(), "--repeats", "2", "--json", str(out)],
+        [sys.executable, str(SCRIPT), *tiny_flags(), "--repeats", "2", "--json", str(out),
+         "--trace", str(trace)],
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     table = result.stdout
@@ -68,6 +71,22 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
             per_update / section["seconds_per_update"])
     assert record["config"]["num_envs_per_device"] == SMOKE_FIELDS["num_envs_per_device"]
     assert record["runtime"]["backend"] == "cpu"
+
+    # The trace of 3 updates, read by trace_top_ops.py: its device ops are the update's, named
+    # by the HLO beside it, and the tables add up.
+    assert (trace / "update.hlo.txt").read_text().startswith("HloModule ")
+    top_ops = load_script(TOP_OPS)
+    summary = top_ops.summarise(
+        top_ops.load_trace_events(trace, top_ops.hlo_module_name(
+            (trace / "update.hlo.txt").read_text())),
+        top_ops.parse_hlo_sources((trace / "update.hlo.txt").read_text()), 3, 10**6)
+    assert summary["device_op_ms_per_update"] > 0 and 0 < summary["busy_share"] <= 1
+    for table in ("by_file", "by_line", "ops"):
+        shares = [row["share"] for row in summary[table]]
+        assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0)
+    files = {row["name"] for row in summary["by_file"]}
+    assert {"envs/env.py", "terra_rl/models.py"} <= files, files
+    assert sum(op["location"] != "" for op in summary["ops"]) > len(summary["ops"]) / 2
 
 
 def test_profiler_rejects_zero_repeats(capsys):
