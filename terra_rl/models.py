@@ -21,7 +21,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terra_rl.block_conv import BlockConv
 from terra_rl.patch_conv import CONV_KERNEL_INIT, PatchConv
 from terra_rl.policy_inputs import derived_features, map_channels, pool_tiles
 from terra_rl.precision import HEAD_DTYPE, PRECISIONS, compute_dtype, to_float32
@@ -123,13 +122,10 @@ def _dense(features: int, dtype, scale: float = np.sqrt(2), name: str | None = N
 
 def _conv(features: int, kernel: int, stride: int, dtype, *, as_matmul: bool = False,
           name: str | None = None) -> nn.Module:
-    """A SAME-padded square convolution: `nn.Conv`, or with `as_matmul` `PatchConv`; strided
-    with the stride dividing the kernel, `BlockConv` (tensor cores want the channels it
-    folds in). All three: the same parameters, the same result to float rounding."""
+    """A SAME-padded square convolution: `nn.Conv`, or with `as_matmul` `PatchConv` (same
+    parameters, same result to float rounding)."""
     if as_matmul:
         return PatchConv(features, kernel, stride, dtype, name=name)
-    if stride > 1 and kernel % stride == 0:
-        return BlockConv(features, kernel, stride, dtype, name=name)
     return nn.Conv(
         features,
         (kernel, kernel),
