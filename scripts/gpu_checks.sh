@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
 'optax', optax.__version__, jax.devices())"
 
 step "preflight"
-smoke=(--train-smoke)
+smoke=(--train-smoke --expect-gpu-regex 'H100|H200')
 [[ $platform == cpu ]] && smoke=()
 timeout 150 "$py" scripts/euler/check_jax_runtime.py --platform "$platform" --min-devices 1 \
     ${smoke[@]+"${smoke[@]}"} --json "$out/preflight.json"
