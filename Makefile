@@ -21,18 +21,17 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) train_mixed.py --config cpu_demo $(TRAIN_ARGS)
 
-# ruff, then pytest, then the validation gates. pytest runs two workers (the machine's two
-# cores; XLA compiles are mostly single-threaded), each test file on one worker so that its
-# session fixtures compile once. The gates see pytest's four CPU devices (tests/conftest.py),
-# so they reuse its persistent compilation cache (the device count is part of the cache key).
-# pytest exits 5 when it collected no test: that is a failure here, not a pass. A worker that
-# crashes is not replaced: the run fails at once instead of hanging on a rescheduled file.
+# ruff, then pytest, which runs every validation gate too (tests/test_validation.py calls each
+# case, and the script's own command line is tested there), so `make gates` is not run again.
+# pytest runs two workers (the machine's two cores; XLA compiles are mostly single-threaded),
+# each test file on one worker so that its session fixtures compile once. pytest exits 5 when
+# it collected no test: that is a failure here, not a pass. A worker that crashes is not
+# replaced: the run fails at once instead of hanging on a rescheduled file.
 PYTEST_ARGS ?= -n 2 --dist loadfile --max-worker-restart 0
 test: $(STAMP) lint
 	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
-	XLA_FLAGS="$${XLA_FLAGS:---xla_force_host_platform_device_count=4}" $(GATES)
 
 # The CPU validation gates before a launch (docs/VALIDATION.md). Extra flags:
 # make gates GATES_ARGS="--dataset-path data/maps64 --json gates.json"

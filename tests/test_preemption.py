@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.logger import read_metrics
-from terra_rl.main import EXIT_STOPPED, StopRequest, main
+from terra_rl.main import EXIT_STOPPED, StopRequest
 from terra_rl.validation.small import SMOKE_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,9 +84,11 @@ def without_timings(record: dict) -> dict:
             if not k.startswith("performance/") and k != "wall_time"}
 
 
-def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path, capsys):
-    assert main(train_flags(tmp_path, "straight")) == 0
-    capsys.readouterr()
+def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path):
+    # Every run is its own process, so that all compile once, into the persistent cache.
+    straight_log = tmp_path / "straight.log"
+    assert start(train_flags(tmp_path, "straight"), straight_log).wait(timeout=600) == 0, \
+        straight_log.read_text()[-3000:]
     run_dir, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
     rng = random.Random(0)
     resume = ["--resume", str(run_dir), "--compilation_cache_dir",

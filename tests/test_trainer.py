@@ -7,10 +7,13 @@ the session; the CLI and benchmark tests build the same shapes from the cpu_demo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import math
+import shutil
 from pathlib import Path
 
 import jax
@@ -20,6 +23,7 @@ from PIL import Image
 
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig, resolve
+from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
 from terra_rl.trainer import build_trainer, host_metrics, train
@@ -309,10 +313,23 @@ def cli_flags(runs_dir, run_name: str) -> list[str]:
     return flags + ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
 
 
-def test_cli_runs_and_resumes(tmp_path, capsys):
-    assert main(cli_flags(tmp_path, "cli")) == 0
+@pytest.fixture(scope="module")
+def tiny_cli_run(tmp_path_factory):
+    """(run directory, stdout) of `train_mixed.py` on `cli_flags`, trained in this process
+    once: it compiles for over a minute, so the tests that read a trained run share it, and a
+    test that changes the run works on a copy."""
+    root = tmp_path_factory.mktemp("tiny_cli_run")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(cli_flags(root, "run")) == 0
+    return root / "run", stdout.getvalue()
+
+
+def test_cli_runs_and_resumes(tiny_cli_run, tmp_path, capsys):
+    trained, stdout = tiny_cli_run
+    assert stdout.strip().splitlines()[-1] == f"run directory: {trained}"
     run_dir = tmp_path / "cli"
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"run directory: {run_dir}"
+    shutil.copytree(trained, run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["num_devices"] == NUM_DEVICES and config["preset"] == "cpu_demo"
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -360,15 +377,14 @@ def load_script(name: str):
     return script
 
 
-def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys, monkeypatch):
+def test_play_episode_from_a_trained_checkpoint(tiny_cli_run, tmp_path, capsys, monkeypatch):
     """A tiny trained run's policy plays a held-out map: one GIF frame per step, its
     checkpoints chosen by name; a run without checkpoints or of another env is refused."""
-    assert main(cli_flags(tmp_path, "played")) == 0
-    run_dir = tmp_path / "played"
+    run_dir = tiny_cli_run[0]
     play = load_script("play_episode")
     # The second run dir is relative to the working directory, as a user types it.
-    monkeypatch.chdir(tmp_path)
-    for step, sample, where in (("latest", False, str(run_dir)), ("2", True, "played")):
+    monkeypatch.chdir(run_dir.parent)
+    for step, sample, where in (("latest", False, str(run_dir)), ("2", True, run_dir.name)):
         out = tmp_path / f"{step}.gif"
         capsys.readouterr()
         assert play.main(["--checkpoint", where, "--checkpoint-step", step,
@@ -398,6 +414,35 @@ def test_play_episode_from_a_trained_checkpoint(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err.strip().splitlines()
         assert stopped.value.code == 2 and len(err) == 1 and phrase in err[0], (name, err)
     assert not (tmp_path / "x.gif").exists()
+
+
+def test_diagnose_failures_judges_every_held_out_episode(tiny_cli_run, tmp_path, capsys):
+    """`scripts/diagnose_failures.py`: each held-out episode of a tiny trained run is played
+    to task_done or the horizon and judged once."""
+    run_dir = tiny_cli_run[0]
+    script = load_script("diagnose_failures")
+    out = tmp_path / "failures.json"
+    capsys.readouterr()
+    assert script.main(["--checkpoint", str(run_dir), "--maps", "3",
+                        "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "checkpoint of update 2, 3 held-out maps, greedy"
+    report = json.loads(out.read_text())
+    episodes, counts = report["episodes"], report["counts"]
+    assert list(counts) == list(CATEGORIES) and sum(counts.values()) == len(episodes) == 3
+    for episode in episodes:
+        assert episode["category"] in CATEGORIES
+        if episode["category"] == "done":
+            assert episode["progress"] == 1.0 and episode["steps"] <= TINY["max_steps"]
+        else:  # played to the eval horizon, no stall limit
+            assert episode["steps"] == TINY["max_steps"] and episode["progress"] < 1.0
+        assert (episode["solver_steps"] > 0) == (episode["category"] == "stalled while solvable")
+        assert sum(episode["loop_actions"].values()) <= 40
+
+    with pytest.raises(SystemExit) as error:
+        script.main(["--checkpoint", str(run_dir), "--maps", "99"])
+    assert error.value.code == 2
+    assert "more than the run's 8 held-out maps" in capsys.readouterr().err
 
 
 def test_benchmark_train_script(tmp_path, capsys):
