@@ -11,6 +11,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     ).strip()
+# The suite is compile-bound: XLA:CPU's LLVM at -O0 compiles about a third faster, and
+# without fast-math its arithmetic is the same IEEE arithmetic, only less vectorised. The
+# test processes and the ones they start (exported) use it; training and `make gates` keep
+# the default. Measured in docs/PERFORMANCE.md ("The test command").
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
