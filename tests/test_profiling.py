@@ -11,7 +11,6 @@ never carries another test's state into the profiler's compiles."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,21 +19,13 @@ from pathlib import Path
 
 import jax
 import pytest
+from test_trainer import load_script
 
 from terra_rl.validation.small import SMOKE_FIELDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_rollout_components.py"
-TOP_OPS = SCRIPT.with_name("trace_top_ops.py")
 SECTIONS = ["env_step", "policy_forward", "rollout", "gae", "minibatch_gradient",
             "optimizer_apply", "full_update", "host_overhead"]
-
-
-def load_script(path: Path = SCRIPT):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # its dataclasses look their module up there
-    spec.loader.exec_module(script)
-    return script
 
 
 def tiny_flags() -> list[str]:
@@ -74,12 +65,12 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
 
     # The trace of 3 updates, read by trace_top_ops.py: its device ops are the update's, named
     # by the HLO beside it, and the tables add up.
-    assert (trace / "update.hlo.txt").read_text().startswith("HloModule ")
-    top_ops = load_script(TOP_OPS)
+    hlo = (trace / "update.hlo.txt").read_text()
+    assert hlo.startswith("HloModule ")
+    top_ops = load_script("trace_top_ops")
     summary = top_ops.summarise(
-        top_ops.load_trace_events(trace, top_ops.hlo_module_name(
-            (trace / "update.hlo.txt").read_text())),
-        top_ops.parse_hlo_sources((trace / "update.hlo.txt").read_text()), 3, 10**6)
+        top_ops.load_trace_events(trace, top_ops.hlo_module_name(hlo)),
+        top_ops.parse_hlo_sources(hlo), 3, 10**6)
     assert summary["device_op_ms_per_update"] > 0 and 0 < summary["busy_share"] <= 1
     for table in ("by_file", "by_line", "ops"):
         shares = [row["share"] for row in summary[table]]
@@ -90,7 +81,7 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
 
 
 def test_profiler_rejects_zero_repeats(capsys):
-    script = load_script()
+    script = load_script(SCRIPT.stem)
     with pytest.raises(SystemExit) as error:
         script.main([*tiny_flags(), "--repeats", "0"])
     assert error.value.code == 2
@@ -98,7 +89,7 @@ def test_profiler_rejects_zero_repeats(capsys):
 
 
 def test_a_bad_train_flag_names_the_profiler(capsys):
-    script = load_script()
+    script = load_script(SCRIPT.stem)
     with pytest.raises(SystemExit) as error:
         script.main([*tiny_flags(), "--num_minibatches", "zero"])
     assert error.value.code == 2

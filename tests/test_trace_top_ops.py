@@ -5,14 +5,10 @@ hand. (The profiler's real trace is read in tests/test_profiling.py.)"""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_top_ops.py"
+from test_trainer import load_script
 
 HLO = """HloModule jit__fun, is_scheduled=true
 
@@ -41,12 +37,7 @@ ENTRY %main (p: f32[4]) -> f32[4] {
     "{DENSE}", "jit(_fun)/while/body/Policy/Dense_0/dot_general")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("trace_top_ops", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # its dataclasses look their module up there
-    spec.loader.exec_module(script)
-    return script
+TOP_OPS = load_script("trace_top_ops")
 
 
 def op_event(op: str, ts: float, dur: float, module: str = "jit__fun") -> dict:
@@ -73,7 +64,7 @@ def trace_dir(tmp_path):
 
 
 def test_ops_are_named_by_their_source_line_and_summed_per_update(trace_dir):
-    script = load_script()
+    script = TOP_OPS
     sources = script.parse_hlo_sources(HLO)
     assert sources["fusion.1"].location == "envs/env.py:10 (ExcavationEnv.step)"
     assert sources["fusion.1"].op_name == "BatchEnv.step/add"
@@ -96,7 +87,7 @@ def test_ops_are_named_by_their_source_line_and_summed_per_update(trace_dir):
 
 def test_cli_prints_the_tables_and_writes_json(trace_dir, capsys, tmp_path):
     out = tmp_path / "top.json"
-    assert load_script().main([str(trace_dir), "--updates", "2", "--json", str(out)]) == 0
+    assert TOP_OPS.main([str(trace_dir), "--updates", "2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "terra_rl/models.py:42 (Policy.__call__)" in printed
     assert json.loads(out.read_text())["ops"][0]["hlo_op"] == "dot.2"
@@ -112,7 +103,7 @@ def test_bad_input_exits_2_with_one_line(trace_dir, tmp_path, capsys, argv, mess
     (tmp_path / "empty").mkdir()
     paths = {"missing": tmp_path / "nope", "empty": tmp_path / "empty", "trace": trace_dir}
     with pytest.raises(SystemExit) as error:
-        load_script().main([arg.format(**paths) for arg in argv])
+        TOP_OPS.main([arg.format(**paths) for arg in argv])
     assert error.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1]

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -373,6 +374,7 @@ def load_script(name: str):
     path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     script = importlib.util.module_from_spec(spec)
+    sys.modules[name] = script  # a script's dataclasses look their module up there
     spec.loader.exec_module(script)
     return script
 
