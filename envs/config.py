@@ -110,6 +110,11 @@ class EnvConfig:
     the task could never be finished. Off by default for its cost: a flood fill over the map
     every step, which at 256 envs takes the step from 34k to 4.7k env steps/s at 64x64 and
     to 18k at 32x32 on the 2-core CPU (docs/PERFORMANCE.md); `cpu_demo` (16x16) turns it on."""
+    mask_dump_outside_zones: bool = False
+    """On a map with dump zones, mask a DO that would dump the load outside them while a
+    cabin turn from the same pose reaches a free zone tile: soil dumped outside must later be
+    picked up and dumped again, and a greedy policy fell into doing just that for ever (pick
+    up misplaced soil, dump it outside again; docs/RESULTS.md). A cabin turn stays allowed."""
     revisit_memory: int = 128
     """With > 0, the action mask forbids a move, base, wheel or cabin turn that returns to
     one of the last `revisit_memory` poses since the last dig or dump, and a DO that would

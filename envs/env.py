@@ -492,6 +492,14 @@ class ExcavationEnv:
                 w_dump, pickable, full_maps, self._targets_cut_off,
             )
             mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(forbidden, A.DO, -1))
+        if cfg.mask_dump_outside_zones:
+            free_zone = (w_target == 1) & (w_dump == 1) & (w_action == 0)
+            zone_here = jnp.any(workspace & free_zone)
+            under_agent = geo.footprint_mask(cfg, window, agent.base_heading)
+            any_heading = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+            zone_by_turning = jnp.any(any_heading & free_zone)
+            outside = is_loaded & has_dump_zones & zone_by_turning & ~zone_here
+            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(outside, A.DO, -1))
         if not cfg.revisit_memory:
             return mask
         strict = mask & ~action_rules.repeats(

@@ -61,6 +61,9 @@ class TrainConfig:
     """The action mask forbids a dig after which an undug target is in reach of no pose the
     base can still drive to (envs.reachability; a flood fill per step, costly on 32x32 and
     64x64 maps: docs/PERFORMANCE.md)."""
+    mask_dump_outside_zones: bool = False
+    """The action mask forbids dumping outside the dump zones while a cabin turn reaches a
+    free zone tile (maps with zones only; envs.config)."""
     revisit_memory: int = 128
     """The action mask forbids returning to one of this many recent poses since the last dig
     or dump (envs.config.EnvConfig.revisit_memory); 0 = off."""
@@ -233,6 +236,8 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "revisit_memory": 0,
     # Arrived on 2026-11-25.
     "mask_cut_off_digs": False,
+    # Arrived on 2026-11-26.
+    "mask_dump_outside_zones": False,
 }
 
 
@@ -292,14 +297,16 @@ PRESETS: dict[str, TrainConfig] = {
 }
 
 # Issue 12's CPU preset for small maps: `cpu_demo` on 16x16 trenches and foundations, half the
-# excavators wheeled, no curriculum (its envs all end on the last level, so one chain cannot
-# train two map types side by side), 30 minutes on the 2-core CPU. What it reaches:
+# excavators wheeled, loads dumped on a zone in reach before anywhere else, no curriculum (its
+# envs all end on the last level, so one chain cannot train two map types side by side), 30
+# minutes on the 2-core CPU. What it reaches:
 # docs/RESULTS.md.
 PRESETS["cpu_small_maps"] = dataclasses.replace(
     PRESETS["cpu_demo"],
     map_types=("trenches", "foundations"),
     curriculum=(),
     wheeled_fraction=0.5,
+    mask_dump_outside_zones=True,  # foundations' soil-stage loop (docs/RESULTS.md)
     total_timesteps=5_734_400,  # 2,800 updates: 30 minutes on this CPU, launch to exit
     log_eval_interval=200,
 )

@@ -185,11 +185,11 @@ def _main(argv: list[str], stop: StopRequest) -> int:
             f"done: {result.updates_done:,} updates, {result.env_steps:,} env steps; "
             f"last eval: {summary or 'none'}"
         )
-        if "eval/completion_rate" in evals:
-            logger.message(completion_line(evals, config.eval_episodes))
     checkpoints.close()
-    if writer:
+    if writer:  # the headline last, where a user looks first
         print(f"run directory: {run_dir.resolve()}")
+        if "eval/completion_rate" in evals:
+            print(completion_line(evals, config.eval_episodes))
     return EXIT_OK
 
 

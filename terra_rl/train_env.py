@@ -107,6 +107,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         pickup_misplaced_only=config.pickup_misplaced_only,
         mask_dead_end_digs=config.mask_dead_end_digs,
         mask_cut_off_digs=config.mask_cut_off_digs,
+        mask_dump_outside_zones=config.mask_dump_outside_zones,
         revisit_memory=config.revisit_memory,
     )
 

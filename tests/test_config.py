@@ -66,7 +66,8 @@ def test_cpu_small_maps_is_cpu_demo_with_the_documented_flags():
     """docs/RESULTS.md's runs of item 7 used `cpu_demo` and these flags; the preset is them."""
     args = parse_train_args(
         ["--config", "cpu_demo", "--map_types", "trenches,foundations", "--curriculum", "",
-         "--wheeled_fraction", "0.5", "--total_timesteps", "5734400", "--log_eval_interval", "200"])
+         "--wheeled_fraction", "0.5", "--enable_mask_dump_outside_zones",
+         "--total_timesteps", "5734400", "--log_eval_interval", "200"])
     small_maps = get_preset("cpu_small_maps")
     assert dataclasses.replace(args.config, preset="cpu_small_maps") == small_maps
     assert small_maps.num_updates == 2800 and small_maps.curriculum == ()

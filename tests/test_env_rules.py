@@ -299,3 +299,35 @@ def test_packed_shifts_equal_boolean_shifts(size):
     got = np.asarray(unpack(apply(pack(jnp.asarray(x[:, None]))), size))  # [2, maps, N, N]
     expected[:, 0] |= expected[:, 1]  # the extra move into map 0
     assert (got == expected).all()
+
+
+@pytest.fixture(scope="module")
+def zone_first_env():
+    """The default env with `mask_dump_outside_zones` (off by default)."""
+    return ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_dump_outside_zones=True))
+
+
+def test_a_load_goes_to_a_zone_in_reach_before_anywhere_else(env32, zone_first_env):
+    """Loaded at the centre with the arm east (cabin 0): where a cabin turn reaches a free
+    zone tile (west, arm heading 6), the mask forbids dumping east, outside the zone; with
+    the arm on the zone, or no free zone tile in reach, or the rule off, DO is allowed."""
+    target = with_far_zone(blank_target())
+    target[16, 12:14] = 1  # a zone west of the centre, in reach of arm heading 6
+    mask = zone_first_env.action_mask(build(zone_first_env, target=target, loaded=2))
+    assert not bool(mask[A.DO])
+    assert bool(mask[A.CABIN_CLOCK]) and bool(mask[A.CABIN_ANTICLOCK])
+    facing = build(zone_first_env, target=target, loaded=2, cabin=6)
+    assert bool(zone_first_env.action_mask(facing)[A.DO])
+    _, dumped, *_ = step(jax.jit(zone_first_env.step_no_reset), facing, A.DO)
+    assert int(jnp.sum(dumped.action_map[16, 12:14])) == 2 and int(dumped.agent.loaded) == 0
+    full = np.zeros((N, N), np.int8)
+    full[16, 12:14] = 1  # the zone's tiles in reach already hold soil
+    for state in (build(zone_first_env, target=with_far_zone(blank_target()), loaded=2),
+                  build(zone_first_env, target=target, action_map=full, loaded=2)):
+        assert bool(zone_first_env.action_mask(state)[A.DO])
+    assert bool(env32.action_mask(build(env32, target=target, loaded=2))[A.DO])
+    # Empty-handed, the rule does not apply: DO digs or picks up as before.
+    soil = np.zeros((N, N), np.int8)
+    soil[16, 20] = 1
+    assert bool(zone_first_env.action_mask(
+        build(zone_first_env, target=target, action_map=soil))[A.DO])

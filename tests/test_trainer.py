@@ -13,6 +13,7 @@ import importlib.util
 import io
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -328,7 +329,10 @@ def tiny_cli_run(tmp_path_factory):
 
 def test_cli_runs_and_resumes(tiny_cli_run, tmp_path, capsys):
     trained, stdout = tiny_cli_run
-    assert stdout.strip().splitlines()[-1] == f"run directory: {trained}"
+    *_, directory_line, headline = stdout.strip().splitlines()
+    assert directory_line == f"run directory: {trained}"
+    assert re.fullmatch(r"held-out completion rate \(\d+ maps\): greedy \d+\.\d%, "
+                        r"sampled \d+\.\d%", headline)
     run_dir = tmp_path / "cli"
     shutil.copytree(trained, run_dir)
     config = json.loads((run_dir / "config.json").read_text())
