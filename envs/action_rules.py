@@ -1,7 +1,8 @@
 """Rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
-`EnvConfig.revisit_memory`; the cut-off rule's flood fill is `envs.reachability`): no dig that
-leaves a load with nowhere to go, no return to a pose the episode was in since its last dig
-or dump. Pure functions on one env's window."""
+`mask_dump_outside_zones`, `revisit_memory`; the cut-off rule's flood fill is
+`envs.reachability`): no dig that leaves a load with nowhere to go, no dump outside the zones
+while a zone is in reach, no return to a pose the episode was in since its last dig or dump.
+Pure functions on one env's window."""
 
 from __future__ import annotations
 
@@ -49,10 +50,29 @@ def dig_is_dead_end(config: EnvConfig, agent, window, sectors, w_target, w_obsta
     [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so the load could
     never be dumped and the task never finished. Only meaningful where DO digs: a pick-up
     frees its own tiles, so the caller excludes it."""
-    under_agent = geo.footprint_mask(config, window, agent.base_heading)
-    reach = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+    reach = pose_reach(config, agent, window, sectors, w_obstacles)
     after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
     return ~jnp.any(after)
+
+
+def pose_reach(config: EnvConfig, agent, window, sectors, w_obstacles) -> jax.Array:
+    """bool [W, W]: the tiles some arm heading of this pose reaches (`sectors` bool
+    [12, W, W]), minus the agent's footprint and obstacles."""
+    under_agent = geo.footprint_mask(config, window, agent.base_heading)
+    return jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+
+
+def dump_is_outside_zone_in_reach(config: EnvConfig, agent, window, sectors, workspace,
+                                  w_target, w_action, w_obstacles, w_dump,
+                                  has_dump_zones) -> jax.Array:
+    """bool []: loaded, on a map with dump zones, DO would dump outside them (the arm's
+    `workspace` holds no free zone tile) while another arm heading of this pose reaches one
+    (`EnvConfig.mask_dump_outside_zones`). A cabin turn then dumps on the zone instead."""
+    free_zone = (w_target == 1) & (w_dump == 1) & (w_action == 0)
+    zone_here = jnp.any(workspace & free_zone)
+    zone_by_turning = jnp.any(pose_reach(config, agent, window, sectors, w_obstacles)
+                              & free_zone)
+    return (agent.loaded > 0) & has_dump_zones & zone_by_turning & ~zone_here
 
 
 def dig_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,

@@ -486,20 +486,16 @@ class ExcavationEnv:
         picks_up = excavation.picks_up(
             workspace, w_target, w_action, cfg.dig_before_pickup, pickable
         )
-        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs:  # the cabin turns stay allowed
-            forbidden = ~is_loaded & ~picks_up & action_rules.dig_is_forbidden(
+        forbid_do = jnp.zeros((), bool)  # these rules mask DO only: the cabin turns stay
+        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs:
+            forbid_do |= ~is_loaded & ~picks_up & action_rules.dig_is_forbidden(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, pickable, full_maps, self._targets_cut_off,
-            )
-            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(forbidden, A.DO, -1))
+                w_dump, pickable, full_maps, self._targets_cut_off)
         if cfg.mask_dump_outside_zones:
-            free_zone = (w_target == 1) & (w_dump == 1) & (w_action == 0)
-            zone_here = jnp.any(workspace & free_zone)
-            under_agent = geo.footprint_mask(cfg, window, agent.base_heading)
-            any_heading = jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
-            zone_by_turning = jnp.any(any_heading & free_zone)
-            outside = is_loaded & has_dump_zones & zone_by_turning & ~zone_here
-            mask = mask & (jnp.arange(A.NUM_ACTIONS) != jnp.where(outside, A.DO, -1))
+            forbid_do |= action_rules.dump_is_outside_zone_in_reach(
+                cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
+                w_dump, has_dump_zones)
+        mask = mask.at[A.DO].set(mask[A.DO] & ~forbid_do)
         if not cfg.revisit_memory:
             return mask
         strict = mask & ~action_rules.repeats(
