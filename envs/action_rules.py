@@ -1,7 +1,8 @@
 """Rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
-`mask_dump_outside_zones`, `revisit_memory`; the cut-off rule's flood fill is
-`envs.reachability`): no dig that leaves a load with nowhere to go, no dump outside the zones
-while a zone is in reach, no return to a pose the episode was in since its last dig or dump.
+`mask_cut_off_digs`, `mask_cut_off_dumps`, `mask_dump_outside_zones`, `revisit_memory`; the
+cut-off rules' flood fill is `envs.reachability`): no dig that leaves a load with nowhere to
+go, no dig or dump that cuts targets off, no dump outside the zones while a zone is in reach,
+no return to a pose the episode was in since its last dig or dump.
 Pure functions on one env's window."""
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def remember(config: EnvConfig, recent_poses, code, map_changed) -> jax.Array:
 def dig_is_dead_end(config: EnvConfig, agent, window, sectors, w_target, w_obstacles,
                     dig) -> jax.Array:
     """bool []: after the dig of DO with the empty bucket (`dig`, the outcomes of
-    `excavation.dig_and_dump` with load 0), no arm heading of this pose (`sectors` bool
+    `excavation.dig_and_dump`), no arm heading of this pose (`sectors` bool
     [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so the load could
     never be dumped and the task never finished. Only meaningful where DO digs: a pick-up
     frees its own tiles, so the caller excludes it."""
@@ -75,23 +76,35 @@ def dump_is_outside_zone_in_reach(config: EnvConfig, agent, window, sectors, wor
     return (agent.loaded > 0) & has_dump_zones & zone_by_turning & ~zone_here
 
 
-def dig_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_target, w_action,
-                     w_obstacles, w_dump, pickable, full_maps, targets_cut_off) -> jax.Array:
-    """bool []: the dig of DO with the empty bucket is a dead end
-    (`EnvConfig.mask_dead_end_digs`) or cuts targets off (`EnvConfig.mask_cut_off_digs`:
-    `targets_cut_off`, `envs.reachability.make_targets_cut_off`, on `full_maps`, the (target,
-    action, obstacles) maps [N, N], with the dig pasted in). The dig is computed once for
-    both. The caller masks it only where DO would dig (empty bucket, no pick-up)."""
-    dig = excavation.dig_and_dump(
-        workspace, w_target, w_action, w_dump, 0, config.dig_before_pickup, pickable
-    )
+def do_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_target,
+                    w_action, w_obstacles, w_dump, pickable, picks_up, full_maps,
+                    targets_cut_off) -> jax.Array:
+    """bool []: DO is a dig that is a dead end (`EnvConfig.mask_dead_end_digs`) or cuts
+    targets off (`mask_cut_off_digs`), or a dump that cuts targets off
+    (`mask_cut_off_dumps`: soil piled higher than `drivable_soil_height` blocks the base as a
+    dug tile does). `picks_up` bool []: DO would pick soil up (never forbidden: it frees
+    tiles). `targets_cut_off` is `envs.reachability.make_targets_cut_off`'s test, run once on
+    `full_maps`, the (target, action, obstacles) maps [N, N], with what DO would do pasted in:
+    the dig with an empty bucket, the dump when loaded."""
+    is_loaded = agent.loaded > 0
+    outcome = excavation.dig_and_dump(
+        workspace, w_target, w_action, w_dump, agent.loaded, config.dig_before_pickup,
+        pickable)
+    digs = ~is_loaded & ~picks_up
     forbidden = jnp.zeros((), bool)
     if config.mask_dead_end_digs:
-        forbidden |= dig_is_dead_end(config, agent, window, sectors, w_target, w_obstacles, dig)
+        forbidden |= digs & dig_is_dead_end(config, agent, window, sectors, w_target,
+                                            w_obstacles, outcome)
+    checked = jnp.zeros((), bool)
     if config.mask_cut_off_digs:
+        checked |= digs
+    if config.mask_cut_off_dumps:
+        checked |= is_loaded
+    if config.mask_cut_off_digs or config.mask_cut_off_dumps:
         target_map, action_map, obstacles = full_maps
-        forbidden |= targets_cut_off(
-            target_map, geo.paste(action_map, dig["dig_action"], window), obstacles,
+        after = jnp.where(is_loaded, outcome["dump_action"], outcome["dig_action"])
+        forbidden |= checked & targets_cut_off(
+            target_map, geo.paste(action_map, after, window), obstacles,
             agent.pos, agent.base_heading, agent.agent_type == A.WHEELED,
         )
     return forbidden

@@ -110,6 +110,13 @@ class EnvConfig:
     the task could never be finished. Off by default for its cost: a flood fill over the map
     every step, which at 256 envs takes the step from 34k to 4.7k env steps/s at 64x64 and
     to 18k at 32x32 on the 2-core CPU (docs/PERFORMANCE.md); `cpu_demo` (16x16) turns it on."""
+    mask_cut_off_dumps: bool = False
+    """Mask a loaded DO that would dump where, afterwards, an undug target lies in reach of
+    no pose the base can still drive to: soil piled higher than `drivable_soil_height` blocks
+    the base as a dug tile does. The same flood fill as `mask_cut_off_digs` (one per step for
+    both: DO either digs or dumps), so it costs nothing more where that rule is on. Where every
+    dump of the load would cut targets off, the loaded excavator is left the cabin turns:
+    the episode stalls instead of walling itself in (the stall ends it just the same)."""
     mask_dump_outside_zones: bool = False
     """On a map with dump zones, mask a DO that would dump the load outside them while a
     cabin turn from the same pose reaches a free zone tile: soil dumped outside must later be

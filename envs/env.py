@@ -377,8 +377,9 @@ class ExcavationEnv:
         return (window, *(geo.crop(layer, window) for layer in maps))
 
     def action_mask(self, state: EnvState) -> jax.Array:
-        """bool [8]: `obs["action_mask"]` of `state`: `valid_actions` less forbidden digs (dead
-        ends, targets cut off) and returns to a recent pose (see `EnvConfig`)."""
+        """bool [8]: `obs["action_mask"]` of `state`: `valid_actions` less forbidden digs
+        (dead ends, targets cut off), forbidden dumps (targets cut off, outside a zone in
+        reach) and returns to a recent pose (see `EnvConfig`)."""
         return self.observation(state)["action_mask"]
 
     def valid_actions(self, state: EnvState) -> jax.Array:
@@ -450,8 +451,8 @@ class ExcavationEnv:
     ):
         """Analytic mask: four footprint checks and the DO preconditions (with
         `valid_only`, only these: the actions that would change the state), then the
-        forbidden digs (`action_rules.dig_is_forbidden`, on `full_maps`) and the returns to
-        a recent pose (`EnvConfig.revisit_memory`)."""
+        forbidden digs and dumps (`action_rules.do_is_forbidden`, on `full_maps`) and the
+        returns to a recent pose (`EnvConfig.revisit_memory`)."""
         cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
@@ -487,10 +488,10 @@ class ExcavationEnv:
             workspace, w_target, w_action, cfg.dig_before_pickup, pickable
         )
         forbid_do = jnp.zeros((), bool)  # these rules mask DO only: the cabin turns stay
-        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs:
-            forbid_do |= ~is_loaded & ~picks_up & action_rules.dig_is_forbidden(
+        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs or cfg.mask_cut_off_dumps:
+            forbid_do |= action_rules.do_is_forbidden(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, pickable, full_maps, self._targets_cut_off)
+                w_dump, pickable, picks_up, full_maps, self._targets_cut_off)
         if cfg.mask_dump_outside_zones:
             forbid_do |= action_rules.dump_is_outside_zone_in_reach(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,

@@ -108,6 +108,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         mask_dead_end_digs=config.mask_dead_end_digs,
         mask_cut_off_digs=config.mask_cut_off_digs,
         mask_dump_outside_zones=config.mask_dump_outside_zones,
+        mask_cut_off_dumps=config.mask_cut_off_dumps,
         revisit_memory=config.revisit_memory,
     )
 

@@ -2,7 +2,8 @@
 JAX's gloo CPU collectives, an explicit coordinator on 127.0.0.1.
 
 One launch of `tests/distributed_worker.py` per process runs `train_mixed.py --distributed`
-for 2 updates of the tiny config of `test_trainer.py` (cpu_demo + TINY shapes); then, in the
+for 2 updates of the tiny config of `test_trainer.py` (cpu_demo + TINY shapes, without the
+env's costly inputs: `PLAIN_ENV_FLAGS`); then, in the
 same processes with the same compiled functions, resumes the run from its checkpoint for a
 third update (every process restoring from the files), then repeats that update from memory. A hang
 fails the test after `TIMEOUT_S` instead of blocking CI. The subprocesses use the persistent
@@ -30,6 +31,7 @@ from terra_rl.checkpointing import CheckpointError, CheckpointStore
 from terra_rl.flags import parse_train_args
 from terra_rl.logger import read_metrics
 from terra_rl.main import main
+from terra_rl.validation.small import PLAIN_ENV_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "distributed_worker.py"
@@ -46,7 +48,7 @@ TINY_FLAGS = [
     "--update_epochs", "1", "--num_minibatches", "2", "--map_feature_dim", "32",
     "--hidden_dim", "32", "--precision", "float32", "--eval_episodes", "8",
     "--log_train_interval", "1", "--log_eval_interval", "2", "--checkpoint_interval", "2",
-    "--wandb_mode", "disabled", "--num_devices", "0",
+    "--wandb_mode", "disabled", "--num_devices", "0", *PLAIN_ENV_FLAGS,
 ]
 CACHE_DIR = os.environ.get(
     "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from envs import actions as A
+from envs import reachability
 from envs.config import EnvConfig
 from envs.env import ExcavationEnv
 from tests.test_env_actions import CENTRE, N, blank_target, build, step
@@ -236,6 +237,50 @@ def test_a_dig_that_walls_off_the_last_targets_is_masked(cut_off_env, env32, ste
     target, obstacles = corridor(far_target=True)
     default = build(env32, target=target, obstacles=obstacles, agent_type=agent_type)
     assert bool(env32.action_mask(default)[A.DO])
+
+
+@pytest.fixture(scope="module")
+def cut_off_dumps_env():
+    """The default env with only the dump half of the cut-off rule (`mask_cut_off_dumps`)."""
+    return ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_dumps=True))
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_a_dump_that_walls_off_the_targets_is_masked(cut_off_dumps_env, env32, step32,
+                                                    agent_type):
+    """Loaded in the corridor with col 20 the only dumpable tiles, all under the arm: 10 units
+    pile 2 high across it and cut the target at (16, 28) off, so DO is masked and the cabin
+    turns stay; 5 units pile 1 high, which the base drives over, and DO is allowed. With the
+    rule off the wall is dumped, and the flood fill then finds the target cut off."""
+    _, obstacles = corridor(far_target=False)
+    target = np.zeros((N, N), np.int8)
+    target[16, 28] = -1
+    dumpability = np.zeros((N, N), np.int8)
+    dumpability[14:19, 20] = 1
+    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability,
+                agent_type=agent_type)
+    state = build(cut_off_dumps_env, loaded=10, **maps)
+    assert bool(cut_off_dumps_env.valid_actions(state)[A.DO])
+    mask = cut_off_dumps_env.action_mask(state)
+    assert not bool(mask[A.DO])
+    assert bool(mask[A.CABIN_CLOCK]) and bool(mask[A.CABIN_ANTICLOCK])
+    assert bool(cut_off_dumps_env.action_mask(build(cut_off_dumps_env, loaded=5, **maps))[A.DO])
+
+    default = build(env32, loaded=10, **maps)
+    assert bool(env32.action_mask(default)[A.DO])
+    _, dumped, *_ = step(step32, default, A.DO)
+    assert (np.asarray(dumped.action_map)[14:19, 20] == 2).all()
+    cut_off = reachability.make_targets_cut_off(env32.config)
+    assert bool(cut_off(dumped.target_map, dumped.action_map, dumped.obstacles,
+                        dumped.agent.pos, dumped.agent.base_heading,
+                        dumped.agent.agent_type == A.WHEELED))
+    assert not bool(cut_off(default.target_map, default.action_map, default.obstacles,
+                            default.agent.pos, default.agent.base_heading,
+                            default.agent.agent_type == A.WHEELED))
+    # Digs are the other flag's: the corridor's cutting dig stays allowed under this one.
+    target, obstacles = corridor(far_target=True)
+    assert bool(cut_off_dumps_env.action_mask(build(
+        cut_off_dumps_env, target=target, obstacles=obstacles, agent_type=agent_type))[A.DO])
 
 
 @pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])

@@ -21,7 +21,7 @@ import jax
 import pytest
 from test_trainer import load_script
 
-from terra_rl.validation.small import SMOKE_FIELDS
+from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_rollout_components.py"
 SECTIONS = ["env_step", "policy_forward", "rollout", "gae", "minibatch_gradient",
@@ -29,7 +29,8 @@ SECTIONS = ["env_step", "policy_forward", "rollout", "gae", "minibatch_gradient"
 
 
 def tiny_flags() -> list[str]:
-    flags = ["--config", "cpu_demo", "--num_devices", "1", "--total_timesteps", "64"]
+    flags = ["--config", "cpu_demo", "--num_devices", "1", "--total_timesteps", "64",
+             *PLAIN_ENV_FLAGS]
     for name in ("max_steps", "num_maps", "num_envs_per_device", "num_steps", "update_epochs",
                  "num_minibatches", "map_feature_dim", "hidden_dim", "eval_episodes"):
         flags += [f"--{name}", str(SMOKE_FIELDS[name])]

@@ -65,6 +65,13 @@ curriculum, encoder, compass, dig and pose distances, cut-off mask and stall lim
 cpu_demo's, so
 CLI tests on that preset share its compiles."""
 
+PLAIN_ENV_FLAGS = ("--disable_compass", "--disable_dig_distance", "--disable_pose_distance",
+                   "--disable_mask_cut_off_digs")
+"""train_mixed.py flags that turn off the costly inputs and the cut-off mask of cpu_demo's
+env, for the tests of the trainer's mechanics (processes, signals, the profiler's report),
+which these parts do not touch: at the tiny shapes and the suite's -O0 they take the
+update's compile from 21 s to 12 s (docs/PERFORMANCE.md)."""
+
 
 # --------------------------------------------------------------------------- env family
 
