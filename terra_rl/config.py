@@ -312,7 +312,7 @@ PRESETS["cpu_small_maps"] = dataclasses.replace(
     wheeled_fraction=0.5,
     mask_dump_outside_zones=True,  # foundations' soil-stage loop (docs/RESULTS.md)
     mask_cut_off_dumps=True,  # piles that wall targets off, the commonest failure left
-    total_timesteps=5_734_400,  # 2,800 updates: 30 minutes on this CPU, launch to exit
+    total_timesteps=5_734_400,  # 2,800 updates: 29-37 minutes on this CPU, by the day
     log_eval_interval=200,
 )
 
