@@ -337,3 +337,33 @@ class CheckpointStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def checkpoint_state_path(checkpoints: Path, which: str,
+                          flag: str = "the checkpoint") -> tuple[Path, int]:
+    """(the `state` directory, its update) of checkpoint `which` under a run's `checkpoints/`:
+    "latest", "best" or an update number (retained, or the best). Raises `CheckpointError`
+    (one line; `flag` names the option that chose `which`) when there is no such checkpoint."""
+    try:
+        store = CheckpointStore(checkpoints, read_only=True)
+    except (CheckpointError, FileNotFoundError, ValueError) as error:
+        raise CheckpointError(f"cannot open {checkpoints}: {error}") from None
+    root = store.directory  # absolute, as orbax requires
+    with store:
+        if which == "latest":
+            step, where = store.latest_step(), root
+        elif which == "best":
+            step, where = store.best_step(), root / BEST_SUBDIR
+        elif which.isdigit():
+            step = int(which)
+            where = root if step in store.all_steps() else root / BEST_SUBDIR
+            if step not in store.all_steps() and step != store.best_step():
+                raise CheckpointError(f"no checkpoint {step} in {checkpoints}; retained "
+                                      f"{store.all_steps()}, best {store.best_step()}")
+        else:
+            raise CheckpointError(f"{flag} must be latest, best or an update number, "
+                                  f"got {which!r}")
+    if step is None:
+        raise CheckpointError(f"{checkpoints} holds no {which} checkpoint; train longer "
+                              "or pick another run")
+    return where / str(step) / "state", step

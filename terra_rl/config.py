@@ -177,6 +177,12 @@ class TrainConfig:
     policies); with --conv_impl lax on CPU the convolutions would run slowly inside the loop."""
     compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
     """Persistent XLA compilation cache; empty disables it."""
+    init_params: str = ""
+    """A run directory whose checkpointed policy parameters this run starts from (a warm
+    start: fresh optimizer, counters and envs; the network's shapes must match,
+    `terra_rl.warm_start`); empty = random initial parameters. Ignored on --resume."""
+    init_params_checkpoint: str = "latest"
+    """Which checkpoint of --init_params: latest, best or an update number."""
     runs_dir: str = "runs"
     run_name: str = ""
     """Empty = '<preset>-<timestamp>'."""
@@ -412,6 +418,10 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     names = [f"{prefix}/{name}" for prefix in ("eval", "eval_sampled") for name in allowed]
     if c.best_metric and c.best_metric not in names:  # empty: the default, set by resolve
         raise ConfigError(f"--best_metric must be one of {names}, got {c.best_metric!r}")
+    which = c.init_params_checkpoint
+    if which not in ("latest", "best") and not which.isdigit():
+        raise ConfigError(f"--init_params_checkpoint must be latest, best or an update number, "
+                          f"got {which!r}")
     if c.env != "excavation" and not c.is_gymnax:
         raise ConfigError(f"--env must be 'excavation' or 'gymnax:<id>', got {c.env!r}")
     if c.env == "excavation":

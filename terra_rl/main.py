@@ -43,6 +43,7 @@ from terra_rl.run_dir import (
     write_config,
 )
 from terra_rl.trainer import build_trainer, train
+from terra_rl.warm_start import load_init_params
 
 PROG = "train_mixed.py"
 WANDB_ID_FILE = "wandb_run_id"
@@ -145,6 +146,13 @@ def _main(argv: list[str], stop: StopRequest) -> int:
             run_name = config.run_name or default_run_name(config.preset or "custom")
             config = dataclasses.replace(config, run_name=distributed.broadcast_text(run_name))
         trainer = build_trainer(config)
+        init_params = None
+        if args.resume is None and config.init_params:
+            init_params, init_step = load_init_params(
+                config.init_params, config.init_params_checkpoint,
+                jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                             trainer.abstract_runner().policy.params),
+            )
         if args.resume is None:
             run_dir = Path(config.runs_dir) / config.run_name
             if writer:
@@ -163,9 +171,12 @@ def _main(argv: list[str], stop: StopRequest) -> int:
     logger = make_logger(run_dir, config, eval_keys) if writer else NullRunLogger()
     with logger:
         logger.message(f"run directory: {run_dir}")
+        if init_params is not None:
+            logger.message(f"policy parameters from {config.init_params} (update {init_step})")
         try:
             result = train(trainer, logger, checkpoints, resume=args.resume is not None,
-                           stop_after=args.max_updates, stop_requested=stop)
+                           stop_after=args.max_updates, stop_requested=stop,
+                           init_params=init_params)
         except CheckpointError as error:  # e.g. a checkpoint of an incompatible network
             fail(str(error))
         if result.stopped:

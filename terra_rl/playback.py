@@ -18,7 +18,7 @@ import numpy as np
 
 from envs.env import ExcavationEnv
 from envs.state import EnvParams
-from terra_rl.checkpointing import BEST_SUBDIR, CheckpointError, CheckpointStore
+from terra_rl.checkpointing import CheckpointError, checkpoint_state_path
 from terra_rl.config import ConfigError, TrainConfig, config_from_dict, resolve
 from terra_rl.models import make_policy
 from terra_rl.run_dir import CHECKPOINTS_DIR, RunDirError, open_run_dir
@@ -91,25 +91,6 @@ def load_trained_policy(run_dir: str | Path, checkpoint: str = "latest") -> Trai
 
 def _state_path(checkpoints: Path, checkpoint: str) -> tuple[Path, int]:
     try:
-        store = CheckpointStore(checkpoints, read_only=True)
-    except (CheckpointError, FileNotFoundError, ValueError) as error:
-        raise PlaybackError(f"cannot open {checkpoints}: {error}") from None
-    root = store.directory  # absolute, as orbax requires
-    with store:
-        if checkpoint == "latest":
-            step, where = store.latest_step(), root
-        elif checkpoint == "best":
-            step, where = store.best_step(), root / BEST_SUBDIR
-        elif checkpoint.isdigit():
-            step = int(checkpoint)
-            where = root if step in store.all_steps() else root / BEST_SUBDIR
-            if step not in store.all_steps() and step != store.best_step():
-                raise PlaybackError(f"no checkpoint {step} in {checkpoints}; retained "
-                                    f"{store.all_steps()}, best {store.best_step()}")
-        else:
-            raise PlaybackError(f"--checkpoint-step must be latest, best or an update number, "
-                                f"got {checkpoint!r}")
-    if step is None:
-        raise PlaybackError(f"{checkpoints} holds no {checkpoint} checkpoint; train longer "
-                            "or pick another run")
-    return where / str(step) / "state", step
+        return checkpoint_state_path(checkpoints, checkpoint, "--checkpoint-step")
+    except CheckpointError as error:
+        raise PlaybackError(str(error)) from None

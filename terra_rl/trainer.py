@@ -101,6 +101,12 @@ class Trainer:
         runner = self.init_fn(*self._local(*self._init_args()))
         return distributed.to_global(runner, self.sharding)
 
+    def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
+        """`runner` with host `params` (no device axis) as every device's policy parameters:
+        a warm start (`terra_rl.warm_start`); the optimizer state stays the fresh one."""
+        policy = runner.policy.replace(params=self.replicate(params))
+        return runner.replace(policy=policy)
+
     def abstract_runner(self) -> RunnerState:
         """What `init_runner` returns as `jax.ShapeDtypeStruct`s (global shapes), traced
         but neither compiled nor run: all a checkpoint restore needs."""
@@ -303,9 +309,11 @@ def train(
     resume: bool = False,
     stop_after: int | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    init_params: Any = None,
 ) -> TrainResult:
     """Run updates until `num_updates` (or `stop_after` updates in total, for tests and
-    staged runs). With `resume`, continue from the latest checkpoint.
+    staged runs). With `resume`, continue from the latest checkpoint; otherwise start from
+    `init_params` (host parameters without a device axis, `terra_rl.warm_start`) if given.
 
     Updates run `updates_per_dispatch` at a time (`dispatch_size`); every update's metrics
     are logged on the log interval. `stop_requested` is polled after every dispatch (and
@@ -334,6 +342,8 @@ def train(
         logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
     else:
         runner = trainer.init_runner()
+        if init_params is not None:
+            runner = trainer.with_policy_params(runner, init_params)
     state_seconds = time.perf_counter() - setup_start
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                           runner.policy.params)

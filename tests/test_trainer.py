@@ -20,16 +20,19 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from PIL import Image
 
+import terra_rl.main
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig, resolve
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
-from terra_rl.trainer import build_trainer, host_metrics, train
+from terra_rl.trainer import TrainResult, build_trainer, host_metrics, train
 from terra_rl.validation.small import SMOKE_FIELDS
+from terra_rl.warm_start import WarmStartError, load_init_params
 
 NUM_DEVICES = 4
 # The validation gates' tiny shapes, logging, evaluating and checkpointing often.
@@ -197,6 +200,54 @@ def test_resume_after_stop_request_equals_straight_run(tiny_trainer, tmp_path):
     assert CheckpointStore(tmp_path / "early" / "checkpoints").latest_step() is None
 
     # Three runs, a stop, a resume, evals and checkpoints: one trace of each function.
+    assert tiny_trainer.trace_counts == {"update": 1, "eval": 1}
+
+
+def test_warm_start_takes_the_parameters_and_nothing_else(tiny_trainer, tmp_path):
+    """A run started from another run's checkpoint holds its parameters on every device and a
+    fresh optimizer state at update 0, and its baseline eval equals the source's eval of
+    those parameters (same seed, same held-out episodes)."""
+    source = run_train(tiny_trainer, tmp_path / "source", stop_after=2)
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                        tiny_trainer.abstract_runner().policy.params)
+    params, step = load_init_params(tmp_path / "source", "latest", like)
+    assert step == 2
+    trained = jax.tree.map(lambda x: np.asarray(x)[0], jax.device_get(source.runner.policy.params))
+    assert leaves_equal(params, trained)
+    assert [p.dtype for p in jax.tree.leaves(params)] == [p.dtype for p in jax.tree.leaves(like)]
+
+    warm = run_train(tiny_trainer, tmp_path / "warm", stop_after=0, init_params=params)
+    runner = jax.device_get(warm.runner)
+    for device in range(NUM_DEVICES):
+        assert leaves_equal(jax.tree.map(lambda x, d=device: x[d], runner.policy.params), trained)
+    fresh = jax.device_get(tiny_trainer.init_runner())
+    assert leaves_equal(runner.policy.opt_state, fresh.policy.opt_state)
+    assert not leaves_equal(runner.policy.params, fresh.policy.params)
+    assert np.all(runner.counters.update == 0)
+
+    def eval_at(run_dir, update):
+        records = read_metrics(run_dir / "metrics.jsonl")
+        (record,) = [r for r in records if r["update"] == update and "eval/rewards" in r]
+        return {k: v for k, v in record.items() if k.startswith(("eval/", "eval_sampled/"))}
+
+    assert eval_at(tmp_path / "warm", 0) == eval_at(tmp_path / "source", 2)
+    assert eval_at(tmp_path / "warm", 0) != eval_at(tmp_path / "source", 0)
+
+    errors = {
+        "missing run": ((tmp_path / "nowhere", "latest", like), "holds no checkpoints/"),
+        "missing step": ((tmp_path / "source", "7", like), "no checkpoint 7"),
+        "another network": ((tmp_path / "source", "2", {**like, "extra": like["params"]}),
+                            "lacks extra"),
+    }
+    kernel_path, kernel = jax.tree_util.tree_leaves_with_path(like)[0]
+    wider = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] + 1), x.dtype)
+        if path == kernel_path else x, like)
+    errors["a wider layer"] = ((tmp_path / "source", "best", wider), f"{kernel.shape} in")
+    for name, (args, phrase) in errors.items():
+        with pytest.raises(WarmStartError, match=re.escape(phrase)) as error:
+            load_init_params(*args)
+        assert str(error.value).startswith("--init_params: ") and "\n" not in str(error.value), name
     assert tiny_trainer.trace_counts == {"update": 1, "eval": 1}
 
 
@@ -372,6 +423,44 @@ def test_cli_runs_and_resumes(tiny_cli_run, tmp_path, capsys):
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("train_mixed.py: error: ") and "trunk" in error
+
+
+def test_cli_warm_start_passes_the_checkpoint_or_stops_with_one_line(tiny_cli_run, tmp_path,
+                                                                      capsys, monkeypatch):
+    """`--init_params` reaches `train` as the checkpoint's parameters (train itself is
+    replaced here: the test above trains from them); a missing run or another network
+    stops before anything compiles, exit 2 and one line."""
+    trained = tiny_cli_run[0]
+    passed = {}
+
+    def fake_train(trainer, logger, checkpoints, **kwargs):
+        passed.update(kwargs)
+        return TrainResult(None, 0, 0, {}, {}, 0.0)
+
+    monkeypatch.setattr(terra_rl.main, "train", fake_train)
+    restored = ocp.StandardCheckpointer().restore(trained / "checkpoints" / "2" / "state")
+    expected = jax.tree.map(lambda x: np.asarray(x)[0], restored["policy"]["params"])
+    flags = cli_flags(tmp_path, "warm")
+    assert main([*flags, "--init_params", str(trained), "--init_params_checkpoint", "2"]) == 0
+    assert leaves_equal(passed["init_params"], expected)
+    assert f"policy parameters from {trained} (update 2)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "warm" / "config.json").read_text())["init_params"] == str(
+        trained)
+
+    errors = {
+        "nowhere": (["--init_params", str(tmp_path / "nowhere")], "holds no checkpoints/"),
+        "wider": (["--init_params", str(trained), "--hidden_dim", str(2 * TINY["hidden_dim"])],
+                  "the network must match"),
+        "which": (["--init_params", str(trained), "--init_params_checkpoint", "last"],
+                  "must be latest, best or an update number"),
+    }
+    for name, (extra, phrase) in errors.items():
+        with pytest.raises(SystemExit) as stopped:
+            main([*cli_flags(tmp_path, name), *extra])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("train_mixed.py: error: ") and phrase in err[0]
+        assert not (tmp_path / name).exists(), name
 
 
 def load_script(name: str):
