@@ -6,12 +6,15 @@ reset branch run, under a `lax.cond` whose predicate is one unbatched `jnp.any(d
 branches every step.) Inside it, the finished envs are gathered, reset and scattered back
 `max_partial_resets` at a time in a `lax.while_loop`: one pass in the usual case (with
 staggered ages about num_envs / max_steps envs finish per step), and a single compiled copy
-of the reset whatever the count.
+of the reset whatever the count. The observation, with its action mask, is taken once,
+of the states after the resets.
 `step_reference` resets every env unconditionally and selects. Each env's reset key is the
 same on every path, so all paths give identical results, which the parity tests check.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +89,9 @@ class BatchEnv:
 
         reward float32 [num_envs]; terminated/truncated bool [num_envs]; obs is the first
         observation of the new episode where an env finished, and
-        `info["final_observation"]` is the pre-reset observation of every env.
+        `info["final_observation"]` is the pre-reset observation of every env, with an
+        all-True action mask where the episode finished (no action follows it);
+        `info["action_mask"]` is that observation's mask.
         """
         return self._step(key, state, actions, params, reset_always=False)
 
@@ -98,56 +103,60 @@ class BatchEnv:
         params = self.params if params is None else params
         key_step, key_reset = jax.random.split(key)
         step_keys = jax.random.split(key_step, self.num_envs)
-        obs, next_state, reward, terminated, truncated, info = jax.vmap(
-            self.env.step_no_reset, in_axes=(0, 0, 0, None)
+        # The mask is computed once, on the states after the resets: a finished episode's
+        # last observation has no action to mask, and a second copy of the mask's searches
+        # (one in the step, one in the reset) would double their share of the compile.
+        step_without_mask = functools.partial(self.env.step_no_reset, with_action_mask=False)
+        pre_obs, next_state, reward, terminated, truncated, info = jax.vmap(
+            step_without_mask, in_axes=(0, 0, 0, None)
         )(step_keys, state, actions, params)
         done = terminated | truncated
 
-        # Split inside the reset branches, so steps where nothing finished skip it.
+        # Split inside the reset branches, so steps where nothing finished skip it. Only
+        # the states are kept: the observation is taken once, after the resets.
         reset_keys = lambda: jax.random.split(key_reset, self.num_envs)  # noqa: E731
-        reset_envs = jax.vmap(self.env.reset_episode, in_axes=(0, None, 0, 0))
+        reset_states = jax.vmap(self.env.reset_state, in_axes=(0, None, 0, 0))
 
-        def reset_all(operands):
-            obs, next_state = operands
-            reset_obs, reset_state = reset_envs(
+        def reset_all(next_state):
+            reset_state = reset_states(
                 reset_keys(), params, next_state.agent.agent_type, next_state.curriculum
             )
-            return select_where(done, reset_obs, obs), select_where(done, reset_state, next_state)
+            return select_where(done, reset_state, next_state)
 
-        def reset_chunks(operands):
+        def reset_chunks(next_state):
             # The done envs, `max_partial_resets` at a time (gathered, reset, scattered back):
-            # one copy of the reset and its observation in the program, however many finished.
+            # one copy of the reset in the program, however many finished.
             chunk = self.max_partial_resets
             # Indices of the done envs, padded with num_envs (out of range: dropped on write).
             (index,) = jnp.nonzero(done, size=self.num_envs + chunk, fill_value=self.num_envs)
             keys = reset_keys()
 
             def reset_one_chunk(carry):
-                start, obs, next_state = carry
+                start, next_state = carry
                 part = jax.lax.dynamic_slice(index, (start,), (chunk,))
                 gather = jnp.minimum(part, self.num_envs - 1)
-                reset_obs, reset_state = reset_envs(
+                reset_state = reset_states(
                     keys[gather],
                     params,
                     next_state.agent.agent_type[gather],
                     jax.tree.map(lambda x: x[gather], next_state.curriculum),
                 )
                 scatter = lambda full, new: full.at[part].set(new, mode="drop")  # noqa: E731
-                return (start + chunk, jax.tree.map(scatter, obs, reset_obs),
-                        jax.tree.map(scatter, next_state, reset_state))
+                return start + chunk, jax.tree.map(scatter, next_state, reset_state)
 
             count = jnp.sum(done)
-            _, obs, next_state = jax.lax.while_loop(
-                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), *operands))
-            return obs, next_state
+            _, next_state = jax.lax.while_loop(
+                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), next_state))
+            return next_state
 
         if reset_always:
-            new_obs, new_state = reset_all((obs, next_state))
+            new_state = reset_all(next_state)
         else:
-            new_obs, new_state = jax.lax.cond(
-                jnp.any(done), reset_chunks, lambda x: x, (obs, next_state)
-            )
-        info = dict(info, final_observation=obs)
+            new_state = jax.lax.cond(jnp.any(done), reset_chunks, lambda x: x, next_state)
+        new_obs = jax.vmap(self.env.observation)(new_state)
+        # Where the episode goes on, the pre-reset observation is the new one, mask included.
+        final_obs = select_where(done, pre_obs, new_obs)
+        info = dict(info, final_observation=final_obs, action_mask=final_obs["action_mask"])
         return new_obs, new_state, reward, terminated, truncated, info
 
 

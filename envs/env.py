@@ -81,6 +81,18 @@ class ExcavationEnv:
         map_index: jax.Array | int | None = None,
     ) -> tuple[dict, EnvState]:
         """A new episode that keeps the env's agent type and curriculum progress."""
+        state = self.reset_state(key, params, agent_type, curriculum, map_index)
+        return self.observation(state), state
+
+    def reset_state(
+        self,
+        key: jax.Array,
+        params: EnvParams,
+        agent_type: jax.Array,
+        curriculum: CurriculumState,
+        map_index: jax.Array | int | None = None,
+    ) -> EnvState:
+        """`reset_episode`'s state without its observation."""
         key_map, key_spawn, key_heading, key_fallback = jax.random.split(key, 4)
         if map_index is None:
             map_index = self._sample_map_index(key_map, params, curriculum.level)
@@ -104,7 +116,7 @@ class ExcavationEnv:
             loaded=zero,
             agent_type=agent_type,
         )
-        state = self.make_state(
+        return self.make_state(
             target_map,
             obstacles,
             params.dumpability[map_index],
@@ -112,7 +124,6 @@ class ExcavationEnv:
             map_index=map_index,
             curriculum=curriculum,
         )
-        return self.observation(state), state
 
     def make_state(
         self,
@@ -196,10 +207,13 @@ class ExcavationEnv:
     # ------------------------------------------------------------------ step
 
     def step_no_reset(
-        self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams
+        self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams,
+        with_action_mask: bool = True,
     ) -> tuple[dict, EnvState, jax.Array, jax.Array, jax.Array, dict[str, Any]]:
         """One step without auto-reset. The dynamics are deterministic; `key` and `params`
-        are part of the contract for environments that need them."""
+        are part of the contract for environments that need them. With `with_action_mask`
+        False the observation's mask is all True, not computed (`BatchEnv` computes it once,
+        after its resets)."""
         del key, params
         cfg = self.config
         agent = state.agent
@@ -308,7 +322,8 @@ class ExcavationEnv:
         )
         # The post-step observation, seen from the new pose inside the same window.
         new_window = window.shifted(new_agent.pos - agent.pos)
-        obs = self._observe(new_state, new_window, w_target, new_w_action, w_obstacles, new_w_dump)
+        obs = self._observe(new_state, new_window, w_target, new_w_action, w_obstacles, new_w_dump,
+                            with_action_mask)
         info = {
             "task_done": task_done,
             "truncated": truncated,
@@ -398,7 +413,8 @@ class ExcavationEnv:
         total = jnp.maximum(state.dig_tiles_total, 1)
         return (state.dig_tiles_done / total).astype(jnp.float32)
 
-    def _observe(self, state, window, w_target, w_action, w_obstacles, w_dump) -> dict:
+    def _observe(self, state, window, w_target, w_action, w_obstacles, w_dump,
+                 with_action_mask: bool = True) -> dict:
         cfg = self.config
         agent = state.agent
         arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
@@ -415,7 +431,7 @@ class ExcavationEnv:
             ]
         ).astype(jnp.float32)
         local_maps = jnp.einsum("hij,lij->hl", sectors.astype(jnp.float32), layers)
-        if cfg.compute_action_mask:
+        if cfg.compute_action_mask and with_action_mask:
             mask = self._action_mask(
                 agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
                 state.last_actions[0], state.recent_poses, state.has_dump_zones,

@@ -62,6 +62,21 @@ def test_batch_step_has_no_host_callbacks_and_one_unbatched_cond(batch16, params
     assert reset_cond.invars[0].aval.shape == ()  # one unbatched predicate
 
 
+def test_batch_step_traces_the_action_mask_once(batch16, params16, monkeypatch):
+    """The mask's searches are the costliest part of an env step to compile: the batch
+    step computes them once, on the states after its resets, not once in the step and
+    again for the reset envs."""
+    _, state = jax.eval_shape(batch16.reset, jax.random.PRNGKey(0), params16)
+    traced = []
+    env = batch16.env
+    original = env._action_mask
+    monkeypatch.setattr(env, "_action_mask",
+                        lambda *args, **kwargs: traced.append(1) or original(*args, **kwargs))
+    actions = jnp.zeros((batch16.num_envs,), jnp.int32)
+    jax.make_jaxpr(batch16.step)(jax.random.PRNGKey(0), state, actions, params16)
+    assert env.config.compute_action_mask and len(traced) == 1
+
+
 def test_dataset_pool_and_environment_variables(tmp_path, monkeypatch, env16):
     maps = generate_maps(("trenches",), 16, 12, seed=4, spawn_clearance=3)
     save_map_dataset(maps, tmp_path / "ds", seed=4, types=("trenches",), spawn_clearance=3)

@@ -52,21 +52,31 @@ def hand_built_episode_ends(env):
 
 def check_fast_equals_reference(batch: BatchEnv, key, state, actions, params) -> np.ndarray:
     """`batch.step` == `batch.step_reference` bit for bit; `final_observation` is the pre-reset
-    observation of every env; finished envs restart (age 0, no last actions, same agent
-    type) and the others keep their stepped observation. Returns done bool [num_envs]."""
+    observation of every env (its mask all True where the episode finished); finished envs
+    restart (age 0, no last actions, same agent type) and the others keep their stepped
+    observation. Returns done bool [num_envs]."""
     fast, reference = small.make_step_pair(batch)(key, state, actions, params)
     require(trees_equal(fast, reference), "fast step differs from the reference step")
     obs, new_state, _, terminated, truncated, info = fast
     pre_obs, *_ = pre_reset_step(batch, key, state, actions, params)
+    done = np.asarray(terminated | truncated)
+    final = info["final_observation"]
     require(
-        trees_equal(info["final_observation"], pre_obs),
+        trees_equal({k: v for k, v in final.items() if k != "action_mask"},
+                    {k: v for k, v in pre_obs.items() if k != "action_mask"}),
         "final_observation is not the pre-reset observation",
+    )
+    # No action follows a finished episode's last observation: its mask is all True.
+    expected_mask = np.where(done[:, None], True, np.asarray(pre_obs["action_mask"]))
+    require(
+        np.array_equal(np.asarray(final["action_mask"]), expected_mask)
+        and np.array_equal(np.asarray(info["action_mask"]), expected_mask),
+        "final_observation's mask is not the stepped state's (all True where done)",
     )
     require(
         np.array_equal(np.asarray(info["final_observation"]["last_actions"])[:, 0], actions),
         "final_observation does not end with the action taken",
     )
-    done = np.asarray(terminated | truncated)
     age = np.asarray(new_state.age)
     require(
         np.array_equal(age, np.where(done, 0, np.asarray(state.age) + 1)),
