@@ -6,6 +6,7 @@ the device axis. `make_update_fn` returns it `jax.pmap`'d with the runner state 
 from __future__ import annotations
 
 import collections
+import functools
 from collections.abc import Callable
 
 import jax
@@ -84,133 +85,47 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
     return jax.pmap(init, axis_name=AXIS)
 
 
-def bootstrap_inputs(bootstrap_pass, last_obs, final_obs, truncated):
-    """The observations of one critic pass after the rollout, and where their values go.
+def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
+    """`values(params, last_obs, final_obs, truncated) -> (last_value float32 [N], final_values
+    float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the observation after the rollout)
+    and V(final_obs[t]) where `truncated` bool [T, N], else 0 (final_obs pytree [T, N, ...],
+    the pre-reset observations).
 
-    Pass 0 is `last_obs` (obs pytree [N, ...], the observation after the rollout); pass k >= 1
-    gathers the k-th N of the truncated steps' final observations (`final_obs` pytree
-    [T, N, ...], `truncated` bool [T, N]). Returns (obs pytree [N, ...], rows int32 [N]: the
-    flat [T * N] index each value bootstraps, T * N for none)."""
-    steps, num_envs = truncated.shape
-    total = steps * num_envs
-    # Indices of the truncated steps, padded with total (dropped on write).
-    (index,) = jnp.nonzero(truncated.reshape(-1), size=total, fill_value=total)
-    chunk = jax.lax.dynamic_slice(index, (jnp.maximum(bootstrap_pass - 1, 0) * num_envs,),
-                                  (num_envs,))
-    gathered = jax.tree.map(
-        lambda x: x.reshape((total,) + x.shape[2:])[jnp.minimum(chunk, total - 1)], final_obs)
-    first = bootstrap_pass == 0
-    obs = jax.tree.map(lambda a, b: jnp.where(first, a, b), last_obs, gathered)
-    return obs, jnp.where(first, total, chunk)
+    One `lax.while_loop` whose body is one critic pass over N observations: the last ones
+    first, then the truncated steps' final observations, N at a time (gathered), so usually
+    two passes per update. The critic, the policy's derived inputs included, is compiled
+    once here instead of three times (a pass per rollout step where envs time out, and one
+    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed"."""
 
-
-def bootstrap_passes(truncated: jax.Array) -> jax.Array:
-    """int32 []: critic passes after a rollout, one for the last observation and one per N
-    truncated steps (usually two)."""
-    num_envs = truncated.shape[1]
-    return 1 + -(-jnp.sum(truncated, dtype=jnp.int32) // num_envs)
-
-
-def make_rollout_fn(env, policy, outputs: Callable, num_steps: int) -> Callable:
-    """`rollout(params, env_params, env_state, obs, rng, counters) -> (env_state, last_obs,
-    rng, counters, traj, episodes, last_value, final_values)`.
-
-    `num_steps` steps of every env (`traj`: a `ppo.Transition` of [T, N, ...], its obs with
-    the policy's derived inputs; `episodes`: dict of float32 [T, N]), then the critic's
-    bootstrap values: last_value float32 [N] = V(last_obs) and final_values float32 [T, N] =
-    V(final_obs[t]) where truncated, else 0.
-
-    One `lax.while_loop` runs both: its body takes one policy pass over N observations (the
-    rollout's, then `bootstrap_inputs`) and, during the rollout, one env step under a
-    `lax.cond`. So the policy with its derived inputs (the compass, the dig and pose
-    distances) is compiled once for both, not once per loop: at 32x32 the second copy cost
-    6.6 s of compile (docs/PERFORMANCE.md, "The bootstrap pass inside the rollout loop")."""
-    num_envs = env.num_envs
-    total = num_steps * num_envs
-
-    def act(params, obs):
-        obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
-        logits, value = outputs(params, obs)
-        return obs, logits, value
-
-    def env_step(env_params, obs, logits, value, env_state, rng, counters):
-        rng, key_action, key_env = jax.random.split(rng, 3)
-        action = jax.random.categorical(key_action, logits).astype(jnp.int32)
-        age = env.episode_age(env_state)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(
-            key_env, env_state, action, env_params
-        )
-        done = terminated | truncated
-        episode_return = counters.episode_return + reward
-        reported = done & counters.episode_full
-        transition = ppo.Transition(
-            obs=obs,
-            action=action,
-            log_prob=ppo.categorical_log_prob(logits, action),
-            value=value,
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            final_obs=info["final_observation"],
-            age=age,
-            progress=info["episode_progress"],
-        )
-        episodes = {
-            "count": reported.astype(jnp.float32),
-            "return": jnp.where(reported, episode_return, 0.0),
-            "length": jnp.where(reported, age + 1, 0).astype(jnp.float32),
-            "task_done": info["task_done"].astype(jnp.float32),
-        }
-        counters = counters.replace(
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_full=counters.episode_full | done,
-        )
-        return env_state, next_obs, rng, counters, (transition, episodes)
-
-    def rollout(params, env_params, env_state, obs, rng, counters):
-        step_shapes = jax.eval_shape(
-            lambda: env_step(env_params, *act(params, obs), env_state, rng, counters)[4])
-        zeros = lambda shapes, lead=(): jax.tree.map(  # noqa: E731
-            lambda s: jnp.zeros(lead + s.shape, s.dtype), shapes)
+    def values(params, last_obs, final_obs, truncated):
+        steps = truncated.shape[0]
+        flat_final = jax.tree.map(lambda x: x.reshape((steps * num_envs,) + x.shape[2:]),
+                                  final_obs)
+        flat_truncated = truncated.reshape(-1)
+        # Indices of the truncated steps, padded with steps * num_envs (dropped on write).
+        (index,) = jnp.nonzero(flat_truncated, size=steps * num_envs,
+                               fill_value=steps * num_envs)
+        passes = 1 + -(-jnp.sum(flat_truncated) // num_envs)
 
         def body(carry):
-            i, env_state, obs, rng, counters, rows, last_value, final_values = carry
-            in_rollout = i < num_steps
-            bootstrap_pass = i - num_steps
-            inputs, written = jax.lax.cond(
-                in_rollout,
-                lambda: (obs, jnp.full((num_envs,), total, jnp.int32)),
-                lambda: bootstrap_inputs(bootstrap_pass, obs, rows[0].final_obs,
-                                         rows[0].truncated),
-            )
-            obs_with_inputs, logits, value = act(params, inputs)
-            env_state, obs, rng, counters, step_rows = jax.lax.cond(
-                in_rollout,
-                lambda: env_step(env_params, obs_with_inputs, logits, value, env_state, rng,
-                                 counters),
-                lambda: (env_state, obs, rng, counters, zeros(step_shapes)),
-            )
-            # Row i of the rollout's outputs; the bootstrap passes write nothing there.
-            row = jnp.minimum(i, num_steps - 1)
-            rows = jax.tree.map(
-                lambda full, new: jax.lax.dynamic_update_index_in_dim(
-                    full, jnp.where(in_rollout, new, full[row]), row, 0),
-                rows, step_rows)
-            last_value = jnp.where(bootstrap_pass == 0, value, last_value)
+            done, last_value, final_values = carry
+            chunk = jax.lax.dynamic_slice(index, (jnp.maximum(done - 1, 0) * num_envs,),
+                                          (num_envs,))
+            gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, steps * num_envs - 1)],
+                                    flat_final)
+            obs = jax.tree.map(lambda a, b: jnp.where(done == 0, a, b), last_obs, gathered)
+            _, value = outputs(params, obs)
+            last_value = jnp.where(done == 0, value, last_value)
+            written = jnp.where(done == 0, steps * num_envs, chunk)
             final_values = final_values.at[written].set(value, mode="drop")
-            return i + 1, env_state, obs, rng, counters, rows, last_value, final_values
+            return done + 1, last_value, final_values
 
-        def running(carry):
-            return carry[0] < num_steps + bootstrap_passes(carry[5][0].truncated)
+        carry = (jnp.int32(0), jnp.zeros((num_envs,), jnp.float32),
+                 jnp.zeros((steps * num_envs,), jnp.float32))
+        _, last_value, final_values = jax.lax.while_loop(lambda c: c[0] < passes, body, carry)
+        return last_value, final_values.reshape(steps, num_envs)
 
-        carry = (jnp.int32(0), env_state, obs, rng, counters, zeros(step_shapes, (num_steps,)),
-                 jnp.zeros((num_envs,), jnp.float32), jnp.zeros((total,), jnp.float32))
-        _, env_state, obs, rng, counters, (traj, episodes), last_value, final_values = (
-            jax.lax.while_loop(running, body, carry))
-        return (env_state, obs, rng, counters, traj, episodes, last_value,
-                final_values.reshape(num_steps, num_envs))
-
-    return rollout
+    return values
 
 
 def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
@@ -277,6 +192,7 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
     `config.updates_per_dispatch` K > 1 it is `update(runner_state, env_params, count int32)`
     running `count` <= K updates, each metric with a leading [K] (`repeat_update`). Each
     trace adds 1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
+    num_envs = env.num_envs
     # XLA:CPU runs `lax.conv` gradients inside a while loop an order of magnitude slower
     # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with such
     # convolutions (`--conv_impl lax`) are unrolled, at a compile time that grows with
@@ -286,7 +202,44 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
-    rollout = make_rollout_fn(env, policy, outputs, config.num_steps)
+    bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
+
+    def rollout_step(env_params, carry, _):
+        params, env_state, obs, rng, counters = carry
+        rng, key_action, key_env = jax.random.split(rng, 3)
+        obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
+        logits, value = outputs(params, obs)
+        action = jax.random.categorical(key_action, logits).astype(jnp.int32)
+        age = env.episode_age(env_state)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            key_env, env_state, action, env_params
+        )
+        done = terminated | truncated
+        episode_return = counters.episode_return + reward
+        reported = done & counters.episode_full
+        transition = ppo.Transition(
+            obs=obs,
+            action=action,
+            log_prob=ppo.categorical_log_prob(logits, action),
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=info["final_observation"],
+            age=age,
+            progress=info["episode_progress"],
+        )
+        episodes = {
+            "count": reported.astype(jnp.float32),
+            "return": jnp.where(reported, episode_return, 0.0),
+            "length": jnp.where(reported, age + 1, 0).astype(jnp.float32),
+            "task_done": info["task_done"].astype(jnp.float32),
+        }
+        counters = counters.replace(
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_full=counters.episode_full | done,
+        )
+        return (params, env_state, next_obs, rng, counters), (transition, episodes)
 
     loss_and_grads = make_loss_and_grads(config, policy)
     dynamic_scale = loss_scaling.is_dynamic(config.precision)
@@ -324,9 +277,14 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         return (policy_state, loss_scale, batch, ent_coef), metrics
 
     def update(runner: RunnerState, env_params):
-        env_state, last_obs, rng, counters, traj, episodes, last_value, final_values = rollout(
-            runner.policy.params, env_params, runner.env_state, runner.last_obs, runner.rng,
-            runner.counters)
+        params = runner.policy.params
+        carry = (params, runner.env_state, runner.last_obs, runner.rng, runner.counters)
+        carry, (traj, episodes) = jax.lax.scan(
+            functools.partial(rollout_step, env_params), carry, None, config.num_steps
+        )
+        _, env_state, last_obs, rng, counters = carry
+        last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
+                                                    traj.truncated)
         next_value = ppo.next_values(
             traj.value, last_value, traj.terminated, traj.truncated, final_values
         )

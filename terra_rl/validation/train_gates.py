@@ -216,102 +216,73 @@ def checkpoint_config_restore(options: GateOptions) -> str:
 # --------------------------------------------------------------------------- bootstrapping
 
 
-BOOTSTRAP_ROLLOUT_STEPS = 3
-
-
 def timeout_bootstrap_value(options: GateOptions) -> str:
-    """The trainer's rollout (`make_rollout_fn`) bootstraps each timeout from the critic's
-    value of its final observation and the rollout's end from the last observation, with
-    none, one, a few and every env timing out on its first step; and the bootstrap passes
-    gather every truncated step, also when they fill more than one pass."""
-    from terra_rl.update import (
-        Counters,
-        bootstrap_inputs,
-        bootstrap_passes,
-        make_rollout_fn,
-        policy_outputs,
-    )
+    from terra_rl.update import make_bootstrap_values_fn
 
     env = small.small_train_env()
-    reset = small.make_batch_reset(env.batch_env)
-    policy, params = small.smoke_policy()
+    reset, step = small.make_batch_reset(env.batch_env), small.make_step_pair(env.batch_env)
+    _, params = small.smoke_policy()
     outputs = small.make_policy_outputs(True)
-    rollout = jax.jit(make_rollout_fn(
-        env, policy, lambda p, o: policy_outputs(policy, p, o, True), BOOTSTRAP_ROLLOUT_STEPS))
+    values_fn = jax.jit(make_bootstrap_values_fn(outputs, env.num_envs))
     obs, state = reset(jax.random.PRNGKey(4), env.params)
     last = env.max_steps - 1
-    num_envs = env.num_envs
-    counts = (0, 1, 5, num_envs)
+    # none; one; a few; the whole batch, on each of two rollout steps (more than one pass)
+    counts = (0, 1, 5, env.num_envs)
     for count in counts:
-        timed_out = np.random.default_rng(count).permutation(num_envs)[:count]
-        ages = np.zeros(num_envs, np.int32)
+        timed_out = np.random.default_rng(count).permutation(env.num_envs)[:count]
+        ages = np.zeros(env.num_envs, np.int32)
         ages[timed_out] = last
-        counters = Counters(update=jnp.int32(0), episode_return=jnp.zeros(num_envs),
-                            episode_full=jnp.ones(num_envs, bool))
-        _, last_obs, _, _, traj, _, last_value, final_values = rollout(
-            params, env.params, state.replace(age=jnp.asarray(ages)), obs,
-            jax.random.PRNGKey(5), counters)
-        truncated = np.asarray(traj.truncated)
-        require(
-            truncated[0].sum() == count and not np.asarray(traj.terminated)[0].any()
-            and not truncated[1:].any(),
-            f"{count} timeouts expected on the first step, got {truncated.sum(axis=1)}",
+        actions = jnp.full((env.num_envs,), A.DO_NOTHING, jnp.int32)
+        (next_obs, _, _, terminated, truncated, info), _ = step(
+            jax.random.PRNGKey(5), state.replace(age=jnp.asarray(ages)), actions, env.params
         )
-        # One step at a time: the shape of `last_obs`, so `outputs` compiles once.
-        value_final = np.stack([
-            np.asarray(outputs(params, jax.tree.map(lambda x, t=t: x[t], traj.final_obs))[1])
-            for t in range(BOOTSTRAP_ROLLOUT_STEPS)])
-        _, value_last = outputs(params, last_obs)
+        truncated = np.asarray(truncated)
         require(
-            np.allclose(np.asarray(last_value), np.asarray(value_last), atol=1e-6),
+            truncated.sum() == count and not np.asarray(terminated).any(),
+            f"{count} timeouts expected, got {truncated.sum()}",
+        )
+        final_obs = info["final_observation"]
+        two_steps = jax.tree.map(lambda x: jnp.stack([x, x]), final_obs)
+        last_value, final_values = values_fn(params, next_obs, two_steps,
+                                             jnp.asarray(np.stack([truncated, truncated])))
+        final_values = np.asarray(final_values)
+        _, value_final = outputs(params, final_obs)
+        _, value_next = outputs(params, next_obs)
+        value_final, value_next = np.asarray(value_final), np.asarray(value_next)
+        require(
+            np.allclose(np.asarray(last_value), value_next, atol=1e-6),
             f"{count} timeouts: the last value is not V(observation after the rollout)",
         )
         require(
-            np.allclose(np.asarray(final_values), np.where(truncated, value_final, 0),
-                        atol=1e-6),
+            np.allclose(final_values, np.where(truncated, value_final, 0)[None], atol=1e-6),
             f"{count} timeouts: bootstrap values are not V(final observation)",
         )
-        next_value = np.asarray(ppo.next_values(traj.value, last_value, traj.terminated,
-                                                traj.truncated, final_values))
-        following = np.concatenate([np.asarray(traj.value)[1:],
-                                    np.asarray(value_last)[None]])
+        final_values = final_values[0]
+        _, value_now = outputs(params, obs)
+        bootstrap = np.asarray(
+            ppo.next_values(
+                jnp.asarray(value_now)[None],
+                jnp.asarray(value_next),
+                jnp.zeros((1, env.num_envs), bool),
+                jnp.asarray(truncated)[None],
+                jnp.asarray(final_values)[None],
+            )
+        )[0]
+        expected = np.where(truncated, value_final, value_next)
         require(
-            np.allclose(next_value, np.where(truncated, value_final, following), atol=1e-6),
+            np.allclose(bootstrap, expected, atol=1e-6),
             f"{count} timeouts: next values do not bootstrap from the final observation",
         )
         if count:
-            # The step after a timeout acts on the reset observation: its value must differ.
-            gap = np.abs(value_final[0] - np.asarray(traj.value)[1])[truncated[0]].min()
+            gap = np.abs(value_final - value_next)[truncated].min()
             require(
                 gap > 1e-6,
                 "V(final observation) equals V(reset observation): the check "
                 "cannot tell them apart",
             )
-    # More timeouts than envs: the passes gather them N at a time, each exactly once.
-    many = np.zeros((4, num_envs), bool)
-    many[np.random.default_rng(0).random((4, num_envs)) < 0.6] = True
-    passes = int(bootstrap_passes(jnp.asarray(many)))
-    require(passes == 1 + -(-int(many.sum()) // num_envs) and passes >= 3,
-            f"{passes} passes for {int(many.sum())} timeouts of {num_envs} envs")
-    final_obs = {"index": jnp.arange(many.size, dtype=jnp.int32).reshape(many.shape)}
-    last_obs = {"index": jnp.full((num_envs,), -1, jnp.int32)}
-    seen = []
-    for bootstrap_pass in range(passes):
-        gathered, rows = bootstrap_inputs(jnp.int32(bootstrap_pass), last_obs, final_obs,
-                                          jnp.asarray(many))
-        rows, gathered = np.asarray(rows), np.asarray(gathered["index"])
-        if bootstrap_pass == 0:
-            require((gathered == -1).all() and (rows == many.size).all(),
-                    "pass 0 is not the last observation")
-            continue
-        kept = rows < many.size
-        require(np.array_equal(gathered[kept], rows[kept]), "a pass wrote another row's value")
-        seen.extend(rows[kept].tolist())
-    require(sorted(seen) == np.flatnonzero(many).tolist(),
-            "the passes did not cover every timeout exactly once")
     return (
-        f"timeouts of {counts} of {num_envs} envs bootstrap V(final observation), not "
-        f"V(reset observation); {int(many.sum())} timeouts in {passes} passes"
+        f"timeouts of {counts} of {env.num_envs} envs bootstrap V(final observation), "
+        "not V(reset observation)"
     )
 
 
