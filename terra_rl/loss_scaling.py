@@ -59,7 +59,9 @@ def all_finite(tree) -> jax.Array:
     One reduction over all leaves joined: a reduction per leaf gives a chain of scalar
     ANDs that XLA copies into every consumer (each parameter's select), thousands of
     instructions to compile."""
-    leaves = [jnp.ravel(leaf) for leaf in jax.tree.leaves(tree)]
+    # float32 keeps every half-precision value, inf and NaN; integers are always finite.
+    leaves = [jnp.ravel(leaf).astype(jnp.float32) for leaf in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.asarray(leaf).dtype, jnp.inexact)]
     if not leaves:
         return jnp.array(True)
     return jnp.all(jnp.isfinite(jnp.concatenate(leaves)))

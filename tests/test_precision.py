@@ -106,11 +106,13 @@ def test_initial_loss_scale():
 
 def test_all_finite_over_mixed_dtypes_and_one_bad_element():
     """One inf or NaN anywhere, in a leaf of any float dtype, makes the tree non-finite;
-    float16's largest finite value and an empty tree do not."""
+    float16's largest finite value, integers beyond float16's range and an empty tree do
+    not."""
     tree = {
         "w": jnp.ones((3, 4), jnp.float32),
         "b": jnp.full((5,), 65504.0, jnp.float16),
-        "h": {"k": jnp.zeros((2, 2), jnp.bfloat16), "count": jnp.arange(3, dtype=jnp.int32)},
+        "h": {"k": jnp.zeros((2, 2), jnp.bfloat16),
+              "count": jnp.arange(69_998, 70_001, dtype=jnp.int32)},  # past float16's range
     }
     check = jax.jit(loss_scaling.all_finite)
     assert check(tree).dtype == jnp.bool_ and bool(check(tree))
