@@ -1,9 +1,10 @@
 """Rules the action mask adds to the valid actions (`EnvConfig.mask_dead_end_digs`,
-`mask_cut_off_digs`, `mask_cut_off_dumps`, `mask_dump_outside_zones`, `revisit_memory`; the
-cut-off rules' flood fill is `envs.reachability`): no dig that leaves a load with nowhere to
-go, no dig or dump that cuts targets off, no dump outside the zones while a zone is in reach,
-no return to a pose the episode was in since its last dig or dump.
-Pure functions on one env's window."""
+`mask_dead_end_pickups`, `mask_cut_off_digs`, `mask_cut_off_dumps`, `mask_dump_outside_zones`,
+`dump_after_full_turn`, `revisit_memory`; the cut-off rules' flood fill is
+`envs.reachability`): no dig or pick-up that leaves a load with nowhere to go, no dig or dump
+that cuts targets off, no dump outside the zones while a zone is in reach (both dump rules
+yield once the loaded cabin has turned full circle), no return to a pose the episode was in
+since its last dig or dump. Pure functions on one env's window."""
 
 from __future__ import annotations
 
@@ -46,11 +47,11 @@ def remember(config: EnvConfig, recent_poses, code, map_changed) -> jax.Array:
 
 def dig_is_dead_end(config: EnvConfig, agent, window, sectors, w_target, w_obstacles,
                     dig) -> jax.Array:
-    """bool []: after the dig of DO with the empty bucket (`dig`, the outcomes of
-    `excavation.dig_and_dump`), no arm heading of this pose (`sectors` bool
-    [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so the load could
-    never be dumped and the task never finished. Only meaningful where DO digs: a pick-up
-    frees its own tiles, so the caller excludes it."""
+    """bool []: after DO with the empty bucket (`dig`, the outcomes of
+    `excavation.dig_and_dump`: a dig, or a pick-up), no arm heading of this pose (`sectors`
+    bool [12, W, W]) reaches a tile to dump on. A loaded excavator cannot move, so the load
+    could never be dumped and the task never finished. A pick-up frees a tile for dumping
+    only where it takes the pile's last unit: soil is dumped on untouched tiles only."""
     reach = pose_reach(config, agent, window, sectors, w_obstacles)
     after = excavation.dumpable(reach, w_target, dig["dig_action"], dig["dig_dumpability"])
     return ~jnp.any(after)
@@ -79,22 +80,29 @@ def dump_is_outside_zone_in_reach(config: EnvConfig, agent, window, sectors, wor
 def do_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_target,
                     w_action, w_obstacles, w_dump, pickable, picks_up, full_maps,
                     targets_cut_off) -> jax.Array:
-    """bool []: DO is a dig that is a dead end (`EnvConfig.mask_dead_end_digs`) or cuts
-    targets off (`mask_cut_off_digs`), or a dump that cuts targets off
+    """bool []: DO is a dig that is a dead end (`EnvConfig.mask_dead_end_digs`), a pick-up
+    that is one (`mask_dead_end_pickups`), a dig that cuts targets off (`mask_cut_off_digs`),
+    or a dump that cuts targets off
     (`mask_cut_off_dumps`: soil piled higher than `drivable_soil_height` blocks the base as a
-    dug tile does). `picks_up` bool []: DO would pick soil up (never forbidden: it frees
-    tiles). `targets_cut_off` is `envs.reachability.make_targets_cut_off`'s test, run once on
-    `full_maps`, the (target, action, obstacles) maps [N, N], with what DO would do pasted in:
-    the dig with an empty bucket, the dump when loaded."""
+    dug tile does). `picks_up` bool []: DO would pick soil up (the cut-off rules never
+    forbid it: it lowers a pile). `targets_cut_off` is
+    `envs.reachability.make_targets_cut_off`'s test, run once on `full_maps`, the (target,
+    action, obstacles) maps [N, N], with what DO would do pasted in: the dig with an empty
+    bucket, the dump when loaded."""
     is_loaded = agent.loaded > 0
     outcome = excavation.dig_and_dump(
         workspace, w_target, w_action, w_dump, agent.loaded, config.dig_before_pickup,
         pickable)
     digs = ~is_loaded & ~picks_up
     forbidden = jnp.zeros((), bool)
+    fills = jnp.zeros((), bool)  # DOs that fill the bucket and are checked for a dead end
     if config.mask_dead_end_digs:
-        forbidden |= digs & dig_is_dead_end(config, agent, window, sectors, w_target,
-                                            w_obstacles, outcome)
+        fills |= digs
+    if config.mask_dead_end_pickups:
+        fills |= ~is_loaded & picks_up
+    if config.mask_dead_end_digs or config.mask_dead_end_pickups:
+        forbidden |= fills & dig_is_dead_end(config, agent, window, sectors, w_target,
+                                           w_obstacles, outcome)
     checked = jnp.zeros((), bool)
     if config.mask_cut_off_digs:
         checked |= digs
@@ -108,6 +116,20 @@ def do_is_forbidden(config: EnvConfig, agent, window, sectors, workspace, w_targ
             agent.pos, agent.base_heading, agent.agent_type == A.WHEELED,
         )
     return forbidden
+
+
+def cabin_turned_round(config: EnvConfig, agent: AgentState, recent_poses) -> jax.Array:
+    """bool []: `recent_poses` (int32 [R], `pose_code`s since the last dig or dump, -1 empty)
+    holds the agent's position and base heading with every one of the 12 cabin headings, at
+    any wheel angle. A loaded base cannot move, so after a load this means the cabin has
+    turned full circle without a dump."""
+    wheels = 2 * config.wheel_angle_limit + 1
+    base_key = (agent.pos[0] * config.map_size + agent.pos[1]) * geo.NUM_HEADINGS \
+        + agent.base_heading
+    here = (recent_poses >= 0) & (recent_poses // (wheels * geo.NUM_HEADINGS) == base_key)
+    cabins = (recent_poses // wheels) % geo.NUM_HEADINGS
+    seen = here[:, None] & (cabins[:, None] == jnp.arange(geo.NUM_HEADINGS)[None, :])
+    return jnp.all(jnp.any(seen, axis=0))
 
 
 def repeats(config: EnvConfig, agent: AgentState, deltas, headings, wheels, recent_poses,

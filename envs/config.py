@@ -104,6 +104,11 @@ class EnvConfig:
     mask_dead_end_digs: bool = True
     """Mask a DO that would dig where, afterwards, no arm heading of the pose reaches a tile
     to dump on: a loaded excavator cannot move, so the episode could never be finished."""
+    mask_dead_end_pickups: bool = True
+    """The same for a DO that would pick soil up: a pick-up frees a tile for dumping only where
+    it takes a pile's last unit, so lifting one unit off a higher pile where no other tile
+    takes soil leaves the load stuck as a dead-end dig does (held-out 32x32 foundations ended
+    that way: docs/RESULTS.md)."""
     mask_cut_off_digs: bool = False
     """Mask a DO that would dig where, afterwards, an undug target lies in reach of no pose
     the base can still drive to (`envs.reachability`): dug tiles block the base for good, so
@@ -115,8 +120,14 @@ class EnvConfig:
     no pose the base can still drive to: soil piled higher than `drivable_soil_height` blocks
     the base as a dug tile does. The same flood fill as `mask_cut_off_digs` (one per step for
     both: DO either digs or dumps), so it costs nothing more where that rule is on. Where every
-    dump of the load would cut targets off, the loaded excavator is left the cabin turns:
-    the episode stalls instead of walling itself in (the stall ends it just the same)."""
+    dump of the load would cut targets off, the loaded excavator is left the cabin turns until
+    they have come full circle (`dump_after_full_turn`)."""
+    dump_after_full_turn: bool = True
+    """Once a loaded excavator's cabin has turned through all 12 headings since its last dig
+    or dump (the revisit memory holds each; needs `revisit_memory` >= 12), the dump rules
+    (`mask_cut_off_dumps`, `mask_dump_outside_zones`) no longer mask its DO. Where every dump
+    of the pose cuts targets off, the load would otherwise stay in the bucket for good (the
+    base cannot move while loaded); soil dumped outside a zone can be picked up again."""
     mask_dump_outside_zones: bool = False
     """On a map with dump zones, mask a DO that would dump the load outside them while a
     cabin turn from the same pose reaches a free zone tile: soil dumped outside must later be

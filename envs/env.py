@@ -504,7 +504,8 @@ class ExcavationEnv:
             workspace, w_target, w_action, cfg.dig_before_pickup, pickable
         )
         forbid_do = jnp.zeros((), bool)  # these rules mask DO only: the cabin turns stay
-        if cfg.mask_dead_end_digs or cfg.mask_cut_off_digs or cfg.mask_cut_off_dumps:
+        if (cfg.mask_dead_end_digs or cfg.mask_dead_end_pickups or cfg.mask_cut_off_digs
+                or cfg.mask_cut_off_dumps):
             forbid_do |= action_rules.do_is_forbidden(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
                 w_dump, pickable, picks_up, full_maps, self._targets_cut_off)
@@ -512,6 +513,10 @@ class ExcavationEnv:
             forbid_do |= action_rules.dump_is_outside_zone_in_reach(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
                 w_dump, has_dump_zones)
+        if cfg.dump_after_full_turn and cfg.revisit_memory >= geo.NUM_HEADINGS:
+            # Its base fixed, a loaded excavator that turned full circle without a dump has
+            # met no dump the rules allow: they yield rather than hold the load for good.
+            forbid_do &= ~(is_loaded & action_rules.cabin_turned_round(cfg, agent, recent_poses))
         mask = mask.at[A.DO].set(mask[A.DO] & ~forbid_do)
         if not cfg.revisit_memory:
             return mask

@@ -57,6 +57,8 @@ class TrainConfig:
     """DO picks up only soil outside the dump zones of maps with zones (envs.config)."""
     mask_dead_end_digs: bool = True
     """The action mask forbids a dig after which the load could be dumped nowhere."""
+    mask_dead_end_pickups: bool = True
+    """The action mask forbids a pick-up after which the load could be dumped nowhere."""
     mask_cut_off_digs: bool = False
     """The action mask forbids a dig after which an undug target is in reach of no pose the
     base can still drive to (envs.reachability; a flood fill per step, costly on 32x32 and
@@ -64,6 +66,9 @@ class TrainConfig:
     mask_cut_off_dumps: bool = False
     """The action mask forbids a dump after which an undug target is in reach of no pose the
     base can still drive to (soil higher than `drivable_soil_height` blocks; envs.config)."""
+    dump_after_full_turn: bool = True
+    """The dump rules yield once a loaded cabin has turned full circle without a dump
+    (envs.config)."""
     mask_dump_outside_zones: bool = False
     """The action mask forbids dumping outside the dump zones while a cabin turn reaches a
     free zone tile (maps with zones only; envs.config)."""
@@ -248,6 +253,8 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     # Arrived on 2026-11-26.
     "mask_dump_outside_zones": False,
     "mask_cut_off_dumps": False,
+    "mask_dead_end_pickups": False,
+    "dump_after_full_turn": False,
 }
 
 

@@ -6,6 +6,10 @@ env's own pose graph and dig/dump rules (`envs.solver_planner`):
 
 - `loaded dead end`: soil in the bucket and no tile to dump it on from any cabin heading;
   the base cannot move while loaded, so nothing can change any more.
+- `loaded, dumps masked`: soil in the bucket, a tile to dump it on, but the env's action mask
+  forbids DO at every cabin heading, even after a full cabin turn (its dump rules without
+  `dump_after_full_turn`: `envs.action_rules`), so the policy can never dump. The planner
+  does not model the mask, so this is judged from the env.
 - `targets out of reach`: undug targets that no reachable pose can dig with a free dump tile
   in reach (digs and dumps have cut them off).
 - `no dump space`: more soil still to dump than free dump tiles within reach of reachable
@@ -19,11 +23,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from envs.actions import TRACKED_ACTION_NAMES, WHEELED, WHEELED_ACTION_NAMES
+from envs.action_rules import pose_code
+from envs.actions import DO, TRACKED_ACTION_NAMES, WHEELED, WHEELED_ACTION_NAMES
 from envs.solver import jitted_env_functions
 from envs.solver_planner import H, Planner
 from terra_rl.playback import TrainedPolicy
@@ -31,6 +37,7 @@ from terra_rl.playback import TrainedPolicy
 CATEGORIES = (
     "done",
     "loaded dead end",
+    "loaded, dumps masked",
     "targets out of reach",
     "no dump space",
     "planner gave up",
@@ -102,6 +109,8 @@ def diagnose_episode(trained: TrainedPolicy, map_index: int, agent_type: int, sa
     loop = collections.Counter(names[a] for a in actions[-LOOP_WINDOW:]).most_common(3)
     if done:
         category, solver_steps = "done", 0
+    elif dumps_masked(env, state):
+        category, solver_steps = "loaded, dumps masked", -1
     else:
         planner = Planner(env.config, agent_type, host.target_map, host.obstacles)
         category, solver_steps = judge_final_state(planner, host, plan_steps)
@@ -112,6 +121,35 @@ def diagnose_episode(trained: TrainedPolicy, map_index: int, agent_type: int, sa
         targets_left=int(host.dig_tiles_total) - int(host.dig_tiles_done),
         solver_steps=solver_steps, loop_actions=dict(loop),
     )
+
+
+@functools.cache
+def _do_at_every_cabin_heading(env):
+    """Jitted `state -> (valid bool [12], allowed bool [12])`: DO's validity and its action
+    mask with the cabin at each heading, the revisit memory holding the pose at all 12 (as
+    after a full cabin turn, so `EnvConfig.dump_after_full_turn` applies), the rest of
+    `state` as it is."""
+
+    def check(state):
+        cabins = jnp.arange(H, dtype=jnp.int32)
+        memory = jnp.full_like(state.recent_poses, -1)
+        circle = jax.vmap(lambda c: pose_code(env.config, state.agent, cabin=c))(cabins)
+        memory = memory.at[:H].set(circle[: memory.shape[0]])
+        at_headings = jax.vmap(lambda cabin: state.replace(
+            agent=state.agent.replace(cabin_heading=cabin), recent_poses=memory))(cabins)
+        return (jax.vmap(env.valid_actions)(at_headings)[:, DO],
+                jax.vmap(env.action_mask)(at_headings)[:, DO])
+
+    return jax.jit(check)
+
+
+def dumps_masked(env, state) -> bool:
+    """Loaded, some cabin heading of the pose has a valid dump, and the action mask allows DO
+    at none of the 12, even after a full cabin turn (`state`: one env's state on device)."""
+    if int(state.agent.loaded) == 0:
+        return False
+    valid, allowed = _do_at_every_cabin_heading(env)(state)
+    return bool(jnp.any(valid)) and not bool(jnp.any(allowed))
 
 
 def summarize(diagnoses: list[EpisodeDiagnosis]) -> dict[str, int]:

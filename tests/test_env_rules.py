@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from envs import action_rules, reachability
 from envs import actions as A
-from envs import reachability
 from envs.config import EnvConfig
 from envs.env import ExcavationEnv
 from tests.test_env_actions import CENTRE, N, blank_target, build, step
@@ -376,3 +376,59 @@ def test_a_load_goes_to_a_zone_in_reach_before_anywhere_else(env32, zone_first_e
     soil[16, 20] = 1
     assert bool(zone_first_env.action_mask(
         build(zone_first_env, target=target, action_map=soil))[A.DO])
+
+
+@pytest.mark.parametrize(("pile", "allowed"), [(1, True), (2, False)])
+def test_a_pick_up_that_leaves_the_load_nowhere_to_go_is_masked(env32, pile, allowed):
+    """Misplaced soil (the map has a zone, far off) piled `pile` high under the arm, and no
+    other tile in reach takes soil. Lifting the last unit frees the tile, so the pick-up is
+    allowed; lifting one of two leaves a load no heading can dump, and the base cannot move
+    loaded: masked (`mask_dead_end_pickups`), allowed with the rule off."""
+    action_map = np.zeros((N, N), np.int8)
+    action_map[16, 20] = pile
+    dumpability = np.zeros((N, N), np.int8)
+    dumpability[16, 20] = 1
+    maps = dict(target=with_far_zone(blank_target()), action_map=action_map,
+                dumpability=dumpability)
+    state = build(env32, **maps)
+    assert bool(env32.valid_actions(state)[A.DO])
+    assert bool(env32.action_mask(state)[A.DO]) == allowed
+    legacy = ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_dead_end_pickups=False))
+    assert bool(legacy.action_mask(build(legacy, **maps))[A.DO])
+
+
+def turned_round(env, state, cabins):
+    """`state` whose revisit memory holds its pose with each cabin heading of `cabins`, at
+    wheel angle 0 (as after those cabin turns since its last dig)."""
+    codes = [int(action_rules.pose_code(env.config, state.agent, cabin=c, wheel=0))
+             for c in cabins]
+    memory = np.full(state.recent_poses.shape, -1, np.int32)
+    memory[:len(codes)] = codes
+    return state.replace(recent_poses=jnp.asarray(memory))
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_the_dump_rules_yield_once_the_loaded_cabin_has_turned_full_circle(
+        cut_off_dumps_env, agent_type):
+    """The corridor's wall dump (every dump of the pose cuts the target off) stays masked
+    while the memory holds 11 of the 12 cabin headings and is allowed at 12
+    (`dump_after_full_turn`); with that rule off it stays masked."""
+    _, obstacles = corridor(far_target=False)
+    target = np.zeros((N, N), np.int8)
+    target[16, 28] = -1
+    dumpability = np.zeros((N, N), np.int8)
+    dumpability[14:19, 20] = 1
+    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability,
+                agent_type=agent_type)
+    env = cut_off_dumps_env
+    state = build(env, loaded=10, **maps)
+    assert not bool(env.action_mask(turned_round(env, state, range(11)))[A.DO])
+    assert bool(env.action_mask(turned_round(env, state, range(12)))[A.DO])
+    # The memory of another pose (base heading 1) does not count.
+    other = state.replace(agent=state.agent.replace(base_heading=1))
+    assert not bool(env.action_mask(state.replace(
+        recent_poses=turned_round(env, other, range(12)).recent_poses))[A.DO])
+    held = ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_dumps=True,
+                                   dump_after_full_turn=False))
+    assert not bool(held.action_mask(turned_round(held, build(held, loaded=10, **maps),
+                                                  range(12)))[A.DO])

@@ -61,3 +61,30 @@ def test_less_dump_space_in_reach_than_soil_to_dig_is_reported():
     dumpability[3, 12] = 1  # one tile to dump on, in reach of a pose (6, 12) that digs all
     assert judge(target, obstacles, dumpability) == ("no dump space", -1)
     assert judge(*open_map((0, 0)))[0] == "stalled while solvable"  # with space: solvable
+
+
+def test_a_load_whose_every_dump_the_mask_forbids_is_told_apart():
+    """The corridor of test_env_rules, loaded with 10 units: every dump of the pose walls the
+    target off, so under `mask_cut_off_dumps` without `dump_after_full_turn` the load can
+    never be dumped although tiles take it. With the full-turn rule (the default), with the
+    cut-off rule off, or with an empty bucket, it is not `dumps_masked`."""
+    from envs.env import ExcavationEnv
+    from terra_rl.failure_diagnosis import dumps_masked
+    from tests.test_env_actions import N as N32
+    from tests.test_env_actions import build
+    from tests.test_env_rules import corridor
+
+    _, obstacles = corridor(far_target=False)
+    target = np.zeros((N32, N32), np.int8)
+    target[16, 28] = -1
+    dumpability = np.zeros((N32, N32), np.int8)
+    dumpability[14:19, 20] = 1
+    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability)
+    rule = ExcavationEnv(EnvConfig(map_size=N32, max_steps=60, mask_cut_off_dumps=True,
+                                   dump_after_full_turn=False))
+    yielding = ExcavationEnv(EnvConfig(map_size=N32, max_steps=60, mask_cut_off_dumps=True))
+    no_rule = ExcavationEnv(EnvConfig(map_size=N32, max_steps=60))
+    assert dumps_masked(rule, build(rule, loaded=10, **maps))
+    assert not dumps_masked(yielding, build(yielding, loaded=10, **maps))
+    assert not dumps_masked(no_rule, build(no_rule, loaded=10, **maps))
+    assert not dumps_masked(rule, build(rule, loaded=0, **maps))
