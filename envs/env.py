@@ -513,7 +513,8 @@ class ExcavationEnv:
             forbid_do |= action_rules.dump_is_outside_zone_in_reach(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
                 w_dump, has_dump_zones)
-        if cfg.dump_after_full_turn and cfg.revisit_memory >= geo.NUM_HEADINGS:
+        dump_rules = cfg.mask_cut_off_dumps or cfg.mask_dump_outside_zones
+        if dump_rules and cfg.dump_after_full_turn and cfg.revisit_memory >= geo.NUM_HEADINGS:
             # Its base fixed, a loaded excavator that turned full circle without a dump has
             # met no dump the rules allow: they yield rather than hold the load for good.
             forbid_do &= ~(is_loaded & action_rules.cabin_turned_round(cfg, agent, recent_poses))

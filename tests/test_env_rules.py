@@ -239,6 +239,18 @@ def test_a_dig_that_walls_off_the_last_targets_is_masked(cut_off_env, env32, ste
     assert bool(env32.action_mask(default)[A.DO])
 
 
+def wall_dump_maps() -> dict:
+    """The corridor with col 20 its only dumpable tiles, all under the arm, and a target at
+    (16, 28) beyond it: ten units dumped there pile 2 high across the corridor and cut the
+    target off (`build` keyword arguments)."""
+    _, obstacles = corridor(far_target=False)
+    target = np.zeros((N, N), np.int8)
+    target[16, 28] = -1
+    dumpability = np.zeros((N, N), np.int8)
+    dumpability[14:19, 20] = 1
+    return dict(target=target, obstacles=obstacles, dumpability=dumpability)
+
+
 @pytest.fixture(scope="module")
 def cut_off_dumps_env():
     """The default env with only the dump half of the cut-off rule (`mask_cut_off_dumps`)."""
@@ -252,13 +264,7 @@ def test_a_dump_that_walls_off_the_targets_is_masked(cut_off_dumps_env, env32, s
     pile 2 high across it and cut the target at (16, 28) off, so DO is masked and the cabin
     turns stay; 5 units pile 1 high, which the base drives over, and DO is allowed. With the
     rule off the wall is dumped, and the flood fill then finds the target cut off."""
-    _, obstacles = corridor(far_target=False)
-    target = np.zeros((N, N), np.int8)
-    target[16, 28] = -1
-    dumpability = np.zeros((N, N), np.int8)
-    dumpability[14:19, 20] = 1
-    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability,
-                agent_type=agent_type)
+    maps = dict(wall_dump_maps(), agent_type=agent_type)
     state = build(cut_off_dumps_env, loaded=10, **maps)
     assert bool(cut_off_dumps_env.valid_actions(state)[A.DO])
     mask = cut_off_dumps_env.action_mask(state)
@@ -413,13 +419,7 @@ def test_the_dump_rules_yield_once_the_loaded_cabin_has_turned_full_circle(
     """The corridor's wall dump (every dump of the pose cuts the target off) stays masked
     while the memory holds 11 of the 12 cabin headings and is allowed at 12
     (`dump_after_full_turn`); with that rule off it stays masked."""
-    _, obstacles = corridor(far_target=False)
-    target = np.zeros((N, N), np.int8)
-    target[16, 28] = -1
-    dumpability = np.zeros((N, N), np.int8)
-    dumpability[14:19, 20] = 1
-    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability,
-                agent_type=agent_type)
+    maps = dict(wall_dump_maps(), agent_type=agent_type)
     env = cut_off_dumps_env
     state = build(env, loaded=10, **maps)
     assert not bool(env.action_mask(turned_round(env, state, range(11)))[A.DO])

@@ -72,14 +72,9 @@ def test_a_load_whose_every_dump_the_mask_forbids_is_told_apart():
     from terra_rl.failure_diagnosis import dumps_masked
     from tests.test_env_actions import N as N32
     from tests.test_env_actions import build
-    from tests.test_env_rules import corridor
+    from tests.test_env_rules import wall_dump_maps
 
-    _, obstacles = corridor(far_target=False)
-    target = np.zeros((N32, N32), np.int8)
-    target[16, 28] = -1
-    dumpability = np.zeros((N32, N32), np.int8)
-    dumpability[14:19, 20] = 1
-    maps = dict(target=target, obstacles=obstacles, dumpability=dumpability)
+    maps = wall_dump_maps()
     rule = ExcavationEnv(EnvConfig(map_size=N32, max_steps=60, mask_cut_off_dumps=True,
                                    dump_after_full_turn=False))
     yielding = ExcavationEnv(EnvConfig(map_size=N32, max_steps=60, mask_cut_off_dumps=True))
