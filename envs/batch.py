@@ -154,6 +154,7 @@ class BatchEnv:
         else:
             new_state = jax.lax.cond(jnp.any(done), reset_chunks, lambda x: x, next_state)
         new_obs = jax.vmap(self.env.observation)(new_state)
+        new_state = jax.vmap(self.env.remember_refusals)(new_state, new_obs)
         # Where the episode goes on, the pre-reset observation is the new one, mask included.
         final_obs = select_where(done, pre_obs, new_obs)
         info = dict(info, final_observation=final_obs, action_mask=final_obs["action_mask"])

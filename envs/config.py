@@ -122,6 +122,13 @@ class EnvConfig:
     both: DO either digs or dumps), so it costs nothing more where that rule is on. Where every
     dump of the load would cut targets off, the loaded excavator is left the cabin turns until
     they have come full circle (`dump_after_full_turn`)."""
+    remember_refused_digs: bool = False
+    """The observation carries `refused_digs`, bool [N, N]: the targets the action mask has
+    refused to dig (DO valid at a pose with an empty bucket, but masked) since the map last
+    changed; the state keeps them until a DO changes the map. A policy's way to the next dig
+    (`terra_rl.dig_distance.work_in_reach`) then leaves them out: without it, held-out 32x32
+    policies stalled for hundreds of steps at poses whose every dig the cut-off rule forbade,
+    where their inputs read "work in reach" (docs/RESULTS.md). Needs the action mask."""
     dump_after_full_turn: bool = True
     """Once a loaded excavator's cabin has turned through all 12 headings since its last dig
     or dump (the revisit memory holds each; needs `revisit_memory` >= 12), the dump rules
@@ -163,6 +170,9 @@ class EnvConfig:
             raise ValueError(f"stall_steps must be >= 0, got {self.stall_steps}")
         if self.wheel_angle_limit < 0 or self.spawn_candidates < 1:
             raise ValueError("wheel_angle_limit must be >= 0 and spawn_candidates >= 1")
+        if self.remember_refused_digs and not self.compute_action_mask:
+            raise ValueError("remember_refused_digs needs compute_action_mask: the refusals "
+                             "are the action mask's")
 
     @property
     def footprint_length(self) -> int:

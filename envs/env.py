@@ -38,6 +38,8 @@ class ExcavationEnv:
       target_map, action_map, obstacles, dumpability   int8 [N, N]
       last_actions  int32 [K]      most recent first; NO_ACTION (8) before the first step
       action_mask   bool [8]       the valid actions less dead-end digs and revisits
+      refused_digs  bool [N, N]    only with `EnvConfig.remember_refused_digs`: targets whose
+                                   dig the mask refused since the map last changed
     """
 
     def __init__(self, config: EnvConfig):
@@ -82,7 +84,8 @@ class ExcavationEnv:
     ) -> tuple[dict, EnvState]:
         """A new episode that keeps the env's agent type and curriculum progress."""
         state = self.reset_state(key, params, agent_type, curriculum, map_index)
-        return self.observation(state), state
+        obs = self.observation(state)
+        return obs, self.remember_refusals(state, obs)
 
     def reset_state(
         self,
@@ -168,6 +171,7 @@ class ExcavationEnv:
             steps_since_progress=zero,
             last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
             recent_poses=action_rules.fresh_memory(self.config, self.pose_code(agent)),
+            refused_digs=jnp.zeros(target_map.shape, bool),
             age=jnp.asarray(age, jnp.int32),
             map_index=jnp.asarray(map_index, jnp.int32),
             curriculum=curriculum,
@@ -317,6 +321,7 @@ class ExcavationEnv:
             steps_since_progress=steps_since_progress,
             last_actions=jnp.concatenate([action[None], state.last_actions[:-1]]),
             recent_poses=recent_poses,
+            refused_digs=state.refused_digs & ~(is_do & do_effect),  # a new map: all afresh
             age=age,
             curriculum=self.update_curriculum(state.curriculum, task_done, truncated),
         )
@@ -324,6 +329,8 @@ class ExcavationEnv:
         new_window = window.shifted(new_agent.pos - agent.pos)
         obs = self._observe(new_state, new_window, w_target, new_w_action, w_obstacles, new_w_dump,
                             with_action_mask)
+        if with_action_mask:
+            new_state = self.remember_refusals(new_state, obs)
         info = {
             "task_done": task_done,
             "truncated": truncated,
@@ -385,6 +392,13 @@ class ExcavationEnv:
     def observation(self, state: EnvState) -> dict:
         return self._observe(state, *self._window_layers(state))
 
+    def remember_refusals(self, state: EnvState, obs: dict) -> EnvState:
+        """`state` with the digs its observation's action mask refused
+        (`EnvConfig.remember_refused_digs`; `state` itself where that is off)."""
+        if "refused_digs" not in obs:
+            return state
+        return state.replace(refused_digs=obs["refused_digs"])
+
     def _window_layers(self, state: EnvState):
         """(window, target, action, obstacles, dumpability cropped to it [W, W])."""
         window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)
@@ -439,6 +453,15 @@ class ExcavationEnv:
             )
         else:
             mask = jnp.ones((A.NUM_ACTIONS,), bool)
+        extra = {}
+        if cfg.remember_refused_digs:
+            refused = state.refused_digs
+            if cfg.compute_action_mask and with_action_mask:
+                workspace = self._workspace(agent, window, w_obstacles, sectors[0])
+                diggable = excavation.diggable(workspace, w_target, w_action)
+                refused_here = diggable & ~mask[A.DO] & (agent.loaded == 0)
+                refused = refused | geo.paste(jnp.zeros_like(refused), refused_here, window)
+            extra["refused_digs"] = refused
         agent_state = jnp.stack(
             [
                 agent.pos[0],
@@ -459,6 +482,7 @@ class ExcavationEnv:
             "dumpability": state.dumpability,
             "last_actions": state.last_actions,
             "action_mask": mask,
+            **extra,
         }
 
     def _action_mask(

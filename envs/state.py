@@ -53,6 +53,8 @@ class EnvState:
     recent_poses:       int32 [R] codes (`ExcavationEnv.pose_code`) of the poses since the
                         last dig or dump, most recent (the current pose) first, -1 unused;
                         R = max(1, `EnvConfig.revisit_memory`)
+    refused_digs:       bool [N, N] targets whose dig the action mask refused since the map
+                        last changed (`EnvConfig.remember_refused_digs`; else all False)
     age:                int32 [] steps taken in this episode
     map_index:          int32 [] index of the map in the pool
     """
@@ -70,6 +72,7 @@ class EnvState:
     steps_since_progress: jax.Array
     last_actions: jax.Array
     recent_poses: jax.Array
+    refused_digs: jax.Array
     age: jax.Array
     map_index: jax.Array
     curriculum: CurriculumState

@@ -66,6 +66,9 @@ class TrainConfig:
     mask_cut_off_dumps: bool = False
     """The action mask forbids a dump after which an undug target is in reach of no pose the
     base can still drive to (soil higher than `drivable_soil_height` blocks; envs.config)."""
+    remember_refused_digs: bool = False
+    """The observation marks the targets whose dig the action mask refused since the map last
+    changed, and the policy's way to the next dig leaves them out (envs.config)."""
     dump_after_full_turn: bool = True
     """The dump rules yield once a loaded cabin has turned full circle without a dump
     (envs.config)."""
@@ -255,6 +258,8 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "mask_cut_off_dumps": False,
     "mask_dead_end_pickups": False,
     "dump_after_full_turn": False,
+    # Arrived on 2026-11-26, late evening.
+    "remember_refused_digs": False,
 }
 
 
@@ -325,6 +330,7 @@ PRESETS["cpu_small_maps"] = dataclasses.replace(
     wheeled_fraction=0.5,
     mask_dump_outside_zones=True,  # foundations' soil-stage loop (docs/RESULTS.md)
     mask_cut_off_dumps=True,  # piles that wall targets off, the commonest failure left
+    remember_refused_digs=True,  # stalls where the mask refused every dig in reach
     total_timesteps=5_734_400,  # 2,800 updates: 29-37 minutes on this CPU, by the day
     log_eval_interval=200,
 )
@@ -461,6 +467,9 @@ def _validate_excavation(c: TrainConfig) -> None:
         if getattr(c, f"use_{name}") and c.drivable_soil_height != 1:
             raise ConfigError(f"--enable_{name} assumes --drivable_soil_height 1 (its free "
                               f"tiles), got {c.drivable_soil_height}; drop one of the two")
+    if c.remember_refused_digs and not c.use_action_mask:
+        raise ConfigError("--enable_remember_refused_digs records the action mask's refusals; "
+                          "add --enable_action_mask")
     if c.map_encoder == "none" and not (c.use_compass or c.egocentric_radius):
         raise ConfigError(
             "--map_encoder none leaves the policy blind to the map; add --enable_compass or "

@@ -84,7 +84,7 @@ def work_in_reach(obs: dict) -> jax.Array:
     a zone (untouched, dumpable), wherever any position covers both: a loaded base cannot
     move, so soil reaches a zone only from a pose whose arm reaches both."""
     target, action = obs["target_map"], obs["action_map"]
-    in_reach = _ring_cover(work_tiles(target, action))
+    in_reach = _ring_cover(work_tiles(target, action, obs.get("refused_digs")))
     free_zone = (target == 1) & (action == 0) & (obs["dumpability"] == 1)
     undug_left = jnp.any((target == -1) & (action == 0), axis=(-2, -1), keepdims=True)
     has_zones = jnp.any(target == 1, axis=(-2, -1), keepdims=True)
@@ -101,16 +101,22 @@ def _ring_cover(tiles: jax.Array) -> jax.Array:
     return covered
 
 
-def work_tiles(target: jax.Array, action: jax.Array) -> jax.Array:
+def work_tiles(target: jax.Array, action: jax.Array, refused: jax.Array | None = None
+               ) -> jax.Array:
     """bool [..., N, N]: the tiles the field leads to. The undug targets while any is left;
     after the last dig, on a map with dump zones, the soil lying outside them, which must
     still be picked up and dumped in a zone before the task is done (the env's
     `misplaced_soil`). Without this, the field went blank for that last stage, where the
-    policy stalled on a fifth of the held-out foundations (docs/RESULTS.md)."""
+    policy stalled on a fifth of the held-out foundations (docs/RESULTS.md). `refused` bool
+    [..., N, N] (the observation's `refused_digs`, where present): targets the action mask
+    refused to dig, left out unless every undug target was refused."""
     undug = (target == -1) & (action == 0)
     has_zones = jnp.any(target == 1, axis=(-2, -1), keepdims=True)
     misplaced = has_zones & (target != 1) & (action > 0)
     any_undug = jnp.any(undug, axis=(-2, -1), keepdims=True)
+    if refused is not None:
+        allowed = undug & ~refused
+        undug = jnp.where(jnp.any(allowed, axis=(-2, -1), keepdims=True), allowed, undug)
     return jnp.where(any_undug, undug, misplaced)
 
 

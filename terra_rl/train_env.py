@@ -111,6 +111,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         mask_cut_off_digs=config.mask_cut_off_digs,
         mask_dump_outside_zones=config.mask_dump_outside_zones,
         mask_cut_off_dumps=config.mask_cut_off_dumps,
+        remember_refused_digs=config.remember_refused_digs,
         revisit_memory=config.revisit_memory,
     )
 

@@ -67,7 +67,7 @@ def test_cpu_small_maps_is_cpu_demo_with_the_documented_flags():
     args = parse_train_args(
         ["--config", "cpu_demo", "--map_types", "trenches,foundations", "--curriculum", "",
          "--wheeled_fraction", "0.5", "--enable_mask_dump_outside_zones",
-         "--enable_mask_cut_off_dumps",
+         "--enable_mask_cut_off_dumps", "--enable_remember_refused_digs",
          "--total_timesteps", "5734400", "--log_eval_interval", "200"])
     small_maps = get_preset("cpu_small_maps")
     assert dataclasses.replace(args.config, preset="cpu_small_maps") == small_maps

@@ -225,3 +225,24 @@ def test_policy_with_dig_distance_adds_only_its_mlp():
     assert encoders[True]["dig_distance_mlp"]["Dense_0"]["kernel"].shape[0] == NUM_FEATURES
     extra = count_parameters(params[True]) - count_parameters(params[False])
     assert extra == count_parameters(encoders[True]["dig_distance_mlp"]) + 64 * 32
+
+
+def test_the_field_leads_past_targets_whose_dig_was_refused():
+    """With `refused_digs` in the observation (`EnvConfig.remember_refused_digs`), the field
+    leads to the targets the mask did not refuse, as if the refused ones were dug; where
+    every undug target was refused, to all of them again (the refusals went stale)."""
+    target = np.zeros((N, N), np.int8)
+    target[3, 3] = -1
+    target[12, 12] = -1
+    refused = np.zeros((N, N), bool)
+    refused[3, 3] = True
+    obs = dict(make_obs(target), refused_digs=jnp.asarray(refused))
+    only_far = target.copy()
+    only_far[3, 3] = 0
+    np.testing.assert_array_equal(np.asarray(field_jit(obs)),
+                                  np.asarray(field_jit(make_obs(only_far))))
+    assert np.asarray(field_jit(obs))[3, 5] > 0  # beside the refused target, no longer a goal
+    refused[12, 12] = True
+    stale = dict(make_obs(target), refused_digs=jnp.asarray(refused))
+    np.testing.assert_array_equal(np.asarray(field_jit(stale)),
+                                  np.asarray(field_jit(make_obs(target))))

@@ -432,3 +432,69 @@ def test_the_dump_rules_yield_once_the_loaded_cabin_has_turned_full_circle(
                                    dump_after_full_turn=False))
     assert not bool(held.action_mask(turned_round(held, build(held, loaded=10, **maps),
                                                   range(12)))[A.DO])
+
+
+@pytest.fixture(scope="module")
+def refusing_env():
+    """The cut-off rule for digs, with the refused digs remembered (`remember_refused_digs`)."""
+    return ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_digs=True,
+                                   remember_refused_digs=True))
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_the_digs_the_mask_refuses_are_remembered_until_the_map_changes(
+        refusing_env, cut_off_env, agent_type):
+    """The corridor's wall dig (col 20, rows 14..18) is refused: the observation marks those
+    five targets, and nothing else. A cabin turn keeps them (the map is the same) and marks
+    nothing new where DO is allowed or has nothing to dig; a dig that changes the map clears
+    them. Without the option the observation has no such key."""
+    env = refusing_env
+    target, obstacles = corridor(far_target=True)
+    state = build(env, target=target, obstacles=obstacles, agent_type=agent_type)
+    obs = env.observation(state)
+    expected = np.zeros((N, N), bool)
+    expected[14:19, 20] = True
+    assert obs["refused_digs"].dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(obs["refused_digs"]), expected)
+    assert not bool(np.asarray(state.refused_digs).any())  # a built state remembers nothing
+    assert "refused_digs" not in cut_off_env.observation(
+        build(cut_off_env, target=target, obstacles=obstacles, agent_type=agent_type))
+
+    step_env = jax.jit(env.step_no_reset)
+    remembered = env.remember_refusals(state, obs)
+    obs, turned, *_ = step(step_env, remembered, A.CABIN_ANTICLOCK)
+    np.testing.assert_array_equal(np.asarray(turned.refused_digs), expected)
+    np.testing.assert_array_equal(np.asarray(obs["refused_digs"]), expected)
+
+    # A target the arm may dig (no far target, so the corridor's dig cuts nothing off): DO
+    # digs it, the map changes, and the memory starts afresh.
+    target, obstacles = corridor(far_target=False)
+    fresh = build(env, target=target, obstacles=obstacles, agent_type=agent_type)
+    fresh = fresh.replace(refused_digs=jnp.asarray(expected))
+    obs, dug, *_ = step(step_env, fresh, A.DO)
+    assert (np.asarray(dug.action_map)[14:19, 20] == -1).all()
+    assert not bool(np.asarray(dug.refused_digs).any())
+    assert not bool(np.asarray(obs["refused_digs"]).any())
+
+
+def test_the_batch_env_keeps_what_its_observation_refused(refusing_env):
+    """`BatchEnv.step` takes the observation after its resets; the state it returns holds
+    that observation's refusals: two excavators in the corridor turn their cabins onto the
+    wall dig, which the mask refuses."""
+    from envs import params_from_maps
+    from envs.batch import BatchEnv
+    from envs.maps import MapSet
+
+    target, obstacles = corridor(far_target=True)
+    maps = MapSet(target_map=target[None], obstacles=obstacles[None],
+                  dumpability=np.ones((1, N, N), np.int8), map_type=np.zeros((1,), np.int8),
+                  spawn_pose=np.asarray([CENTRE], np.int32))
+    batch = BatchEnv(refusing_env, params_from_maps(maps), num_envs=2)
+    one = build(refusing_env, target=target, obstacles=obstacles, cabin=11)
+    state = jax.tree.map(lambda x: jnp.stack([x, x]), one)
+    obs, state, *_ = jax.jit(batch.step)(jax.random.PRNGKey(1), state,
+                                         jnp.full((2,), A.CABIN_ANTICLOCK, jnp.int32))
+    expected = np.zeros((2, N, N), bool)
+    expected[:, 14:19, 20] = True
+    np.testing.assert_array_equal(np.asarray(obs["refused_digs"]), expected)
+    np.testing.assert_array_equal(np.asarray(state.refused_digs), expected)
