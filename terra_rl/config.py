@@ -138,6 +138,9 @@ class TrainConfig:
     gymnax_activation: str = "tanh"
     """Hidden activation of the gymnax MLP (vector observations, and image observations with
     --image_encoder mlp): tanh or relu (the standard-task table's MinAtar network)."""
+    gymnax_hidden_dim: int = 64
+    """Width of the gymnax networks' hidden layers: both layers of each MLP, the CNN's Dense
+    (64 as in PureJaxRL; gymnax-blines' MinAtar MLPs are 256 wide)."""
     conv_impl: str = "auto"
     """How convolutions run: lax (`lax.conv`), patches (image patches times the kernel
     matrix, the same parameters), or auto: patches on CPU, where a `lax.conv` gradient
@@ -373,7 +376,7 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     positive = (
         "num_envs_per_device num_steps total_timesteps update_epochs num_minibatches "
         "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints "
-        "updates_per_dispatch map_pool"
+        "updates_per_dispatch map_pool gymnax_hidden_dim"
     ).split()
     for name in positive:
         if getattr(c, name) < 1:

@@ -82,6 +82,8 @@ class PolicyConfig:
     vector MLP over the flattened image)."""
     gymnax_activation: str = "tanh"
     """The activation of `GymnaxMLPPolicy`'s hidden layers: "tanh" or "relu"."""
+    gymnax_hidden_dim: int = GYMNAX_HIDDEN_DIM
+    """Width of the gymnax networks' hidden layers (each MLP layer, the CNN's Dense)."""
 
     def __post_init__(self) -> None:
         choices = (("map_encoder", MAP_ENCODERS), ("precision", PRECISIONS),
@@ -89,10 +91,10 @@ class PolicyConfig:
         for name, allowed in choices:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.map_feature_dim < 1 or self.hidden_dim < 1:
+        if min(self.map_feature_dim, self.hidden_dim, self.gymnax_hidden_dim) < 1:
             raise ValueError(
-                f"map_feature_dim and hidden_dim must be >= 1, got {self.map_feature_dim}, "
-                f"{self.hidden_dim}"
+                f"map_feature_dim, hidden_dim and gymnax_hidden_dim must be >= 1, got "
+                f"{self.map_feature_dim}, {self.hidden_dim}, {self.gymnax_hidden_dim}"
             )
         if self.map_pool < 1:
             raise ValueError(f"map_pool must be >= 1, got {self.map_pool}")
@@ -434,8 +436,8 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
     A dict with the excavation keys -> `ExcavationPolicy`; an array [B, D] ->
     `GymnaxMLPPolicy`; an array [B, H, W, C] -> `GymnaxCNNPolicy`, or with
     `image_encoder="mlp"` the MLP over the flattened image. The gymnax nets take only
-    `precision`, `conv_as_matmul`, `image_encoder` and `gymnax_activation` from `config`
-    (their widths are the usual 64).
+    `precision`, `conv_as_matmul`, `image_encoder`, `gymnax_activation` and
+    `gymnax_hidden_dim` from `config`.
     """
     if num_actions < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
@@ -446,11 +448,13 @@ def make_policy(config: PolicyConfig, num_actions: int, example_obs) -> nn.Modul
         return ExcavationPolicy(config, num_actions)
     per_env_ndim = np.ndim(example_obs) - 1
     if per_env_ndim == 1 or (per_env_ndim == 3 and config.image_encoder == "mlp"):
-        return GymnaxMLPPolicy(num_actions, precision=config.precision,
-                               flatten_image=per_env_ndim == 3,
+        width = config.gymnax_hidden_dim
+        return GymnaxMLPPolicy(num_actions, hidden_dims=(width, width),
+                               precision=config.precision, flatten_image=per_env_ndim == 3,
                                activation=config.gymnax_activation)
     if per_env_ndim == 3:
-        return GymnaxCNNPolicy(num_actions, precision=config.precision,
+        return GymnaxCNNPolicy(num_actions, hidden_dim=config.gymnax_hidden_dim,
+                               precision=config.precision,
                                conv_as_matmul=config.conv_as_matmul)
     raise ValueError(
         f"batched observation must be [B, D] or [B, H, W, C], got shape {np.shape(example_obs)}"

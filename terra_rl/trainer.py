@@ -204,6 +204,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         map_pool=config.map_pool,
         image_encoder=config.image_encoder,
         gymnax_activation=config.gymnax_activation,
+        gymnax_hidden_dim=config.gymnax_hidden_dim,
         conv_as_matmul=config.conv_impl == "patches"
         or (config.conv_impl == "auto" and jax.default_backend() == "cpu"),
     )

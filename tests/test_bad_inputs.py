@@ -45,6 +45,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "image encoder": (TRAIN, ["--image_encoder", "vit"], "--image_encoder must be one of"),
     "gymnax activation": (TRAIN, ["--gymnax_activation", "gelu"],
                           "--gymnax_activation must be one of"),
+    "gymnax hidden width": (TRAIN, ["--gymnax_hidden_dim", "0"],
+                            "--gymnax_hidden_dim must be >= 1, got 0"),
     "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "0"],
                              "--updates_per_dispatch must be >= 1, got 0"),
     "below one update": (TRAIN, ["--total_timesteps", "1000"], "less than one update"),

@@ -302,6 +302,26 @@ def test_gymnax_activation_relu_changes_the_hidden_layers_only():
         PolicyConfig(gymnax_activation="gelu")
 
 
+def test_gymnax_hidden_dim_sets_every_hidden_width():
+    """`gymnax_hidden_dim` widens both layers of both MLPs and the CNN's Dense; the heads
+    keep their shapes, and 64 stays the default."""
+    vector = jnp.zeros((2, 4))
+    image = jnp.zeros((2, 10, 10, 3))
+    for width, expected in ((None, 64), (256, 256)):
+        config = PolicyConfig() if width is None else PolicyConfig(gymnax_hidden_dim=width)
+        mlp = make_policy(config, 3, vector).init(jax.random.PRNGKey(0), vector)["params"]
+        for trunk in ("actor_encoder", "critic_encoder"):
+            assert mlp[trunk]["Dense_0"]["kernel"].shape == (4, expected)
+            assert mlp[trunk]["Dense_1"]["kernel"].shape == (expected, expected)
+        assert mlp["policy_head"]["kernel"].shape == (expected, 3)
+        cnn = make_policy(config, 3, image).init(jax.random.PRNGKey(0), image)["params"]
+        dense = [leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(cnn)
+                 if "Dense" in jax.tree_util.keystr(path) and leaf.ndim == 2]
+        assert dense and all(shape[1] == expected for shape in dense)
+    with pytest.raises(ValueError, match="gymnax_hidden_dim must be >= 1"):
+        PolicyConfig(gymnax_hidden_dim=0)
+
+
 def test_make_policy_picks_the_excavation_policy(obs4):
     config = PolicyConfig(map_encoder="resnet")
     model = make_policy(config, NUM_ACTIONS, obs4)
