@@ -113,7 +113,11 @@ class TrainConfig:
     num_minibatches: int = 16
     lr: float = 3e-4
     lr_schedule: str = "constant"
-    """constant, linear or cosine (annealed to 0 over num_updates)."""
+    """constant, linear or cosine: annealed from --lr to --lr_end over --lr_decay_updates."""
+    lr_end: float = 0.0
+    """The learning rate a linear or cosine schedule ends at, then keeps."""
+    lr_decay_updates: int = 0
+    """Length of the linear or cosine schedule, in updates; 0 = the whole run (num_updates)."""
     gamma: float = 0.9984
     gae_lambda: float = 0.95
     clip_eps: float = 0.2
@@ -138,6 +142,11 @@ class TrainConfig:
     gymnax_activation: str = "tanh"
     """Hidden activation of the gymnax MLP (vector observations, and image observations with
     --image_encoder mlp): tanh or relu (the standard-task table's MinAtar network)."""
+    gymnax_timeouts_terminal: bool = False
+    """Gymnax envs: train on a timeout as on a natural end (no bootstrap from the final
+    observation), as gymnax-blines and PureJaxRL do. Wrong in principle: without the time in
+    the observation, states late in an episode look better than early ones. On
+    MountainCar-v0 that error is what finds the flag (docs/RESULTS.md); off everywhere else."""
     gymnax_hidden_dim: int = 64
     """Width of the gymnax networks' hidden layers: both layers of each MLP, the CNN's Dense
     (64 as in PureJaxRL; gymnax-blines' MinAtar MLPs are 256 wide)."""
@@ -382,7 +391,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
     for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
-                 "cache_clear_interval", "ent_coef_decay_updates", "dataset_size",
+                 "cache_clear_interval", "ent_coef_decay_updates", "lr_decay_updates",
+                 "dataset_size",
                  "curriculum_demote_after", "egocentric_radius", "stall_steps",
                  "drivable_soil_height", "revisit_memory"):
         if getattr(c, name) < 0:
@@ -414,6 +424,8 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
         raise ConfigError("--gamma must be in (0, 1] and --gae_lambda in [0, 1]")
     if c.lr <= 0 or c.clip_eps <= 0 or c.max_grad_norm <= 0 or c.vf_coef < 0:
         raise ConfigError("--lr, --clip_eps and --max_grad_norm must be > 0, --vf_coef >= 0")
+    if not 0.0 <= c.lr_end <= c.lr:
+        raise ConfigError(f"--lr_end must be in [0, --lr {c.lr}], got {c.lr_end}")
     if c.ent_coef_start < 0 or c.ent_coef_end < 0:
         raise ConfigError("--ent_coef_start and --ent_coef_end must be >= 0")
     choices = (
@@ -440,6 +452,9 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
                           f"got {which!r}")
     if c.env != "excavation" and not c.is_gymnax:
         raise ConfigError(f"--env must be 'excavation' or 'gymnax:<id>', got {c.env!r}")
+    if c.env == "excavation" and c.gymnax_timeouts_terminal:
+        raise ConfigError("--enable_gymnax_timeouts_terminal needs --env gymnax:<id>; the "
+                          "excavation env always bootstraps a timeout")
     if c.env == "excavation":
         _validate_excavation(c)
     elif c.use_action_mask:

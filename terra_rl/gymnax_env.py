@@ -9,7 +9,9 @@ for these small environments. Outputs are normalised for the trainer:
 - `truncated`: the time limit (`state.time >= params.max_steps_in_episode`) WITHOUT a
   natural end. gymnax 1.0 reports its `truncated` independently of `terminated`, so both
   can be true on the last step; here `truncated = gymnax_truncated & ~terminated`, and
-  `terminated | truncated` is exactly gymnax's reset condition.
+  `terminated | truncated` is exactly gymnax's reset condition. With `timeouts_terminal`
+  (`--enable_gymnax_timeouts_terminal`, training env only) a timeout is reported as
+  `terminated` and `truncated` is always false: the treatment of gymnax-blines and PureJaxRL.
 - obs and `info["final_observation"]` are float32; reward float32; flags bool.
 - Weak types are stripped from the state, so reset and step give one pytree type (a scan
   carry or a jitted runner state never changes type and never recompiles).
@@ -59,9 +61,10 @@ def parse_env_id(spec: str) -> str | None:
     )
 
 
-def make_gymnax_env(env_id: str, num_envs: int) -> GymnaxBatchEnv:
+def make_gymnax_env(env_id: str, num_envs: int,
+                    timeouts_terminal: bool = False) -> GymnaxBatchEnv:
     """Batched gymnax env; ValueError for an unknown id or a continuous action space."""
-    return GymnaxBatchEnv(env_id, num_envs)
+    return GymnaxBatchEnv(env_id, num_envs, timeouts_terminal)
 
 
 def _strong(tree):
@@ -84,7 +87,7 @@ class GymnaxBatchEnv:
     group_names: tuple[str, ...] = ()
     curriculum_level_names: tuple[str, ...] = ()
 
-    def __init__(self, env_id: str, num_envs: int):
+    def __init__(self, env_id: str, num_envs: int, timeouts_terminal: bool = False):
         if env_id not in gymnax.registered_envs:
             raise ValueError(
                 f"unknown gymnax env id {env_id!r}; valid ids are listed in "
@@ -103,6 +106,7 @@ class GymnaxBatchEnv:
         self.env = env
         self.params = params
         self.num_envs = num_envs
+        self.timeouts_terminal = timeouts_terminal
         self.num_actions = int(action_space.n)
         self.action_names = tuple(f"action_{i}" for i in range(self.num_actions))
         self.max_steps = int(params.max_steps_in_episode)
@@ -142,6 +146,8 @@ class GymnaxBatchEnv:
         )(keys, state, actions, params)
         terminated = jnp.asarray(terminated, jnp.bool_)
         truncated = jnp.asarray(truncated, jnp.bool_) & ~terminated
+        if self.timeouts_terminal:
+            terminated, truncated = terminated | truncated, jnp.zeros_like(truncated)
         info = {
             "final_observation": _float32(info["final_observation"]),
             "task_done": jnp.zeros((self.num_envs,), jnp.bool_),

@@ -99,13 +99,15 @@ def entropy_coefficient(config: TrainConfig, update: jax.Array) -> jax.Array:
 
 def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
     """`lr`, or a schedule over optimizer steps (`update_epochs x num_minibatches` per
-    update) that anneals it to 0 at the end of `num_updates`, linearly or by a cosine."""
+    update) that anneals it to `lr_end`, linearly or by a cosine, over `lr_decay_updates`
+    updates (0: all `num_updates`), then keeps `lr_end`."""
     if config.lr_schedule == "constant":
         return config.lr
-    steps = max(config.num_updates * config.update_epochs * config.num_minibatches, 1)
+    updates = config.lr_decay_updates or config.num_updates
+    steps = max(updates * config.update_epochs * config.num_minibatches, 1)
     if config.lr_schedule == "linear":
-        return optax.linear_schedule(config.lr, 0.0, steps)
-    return optax.cosine_decay_schedule(config.lr, steps)
+        return optax.linear_schedule(config.lr, config.lr_end, steps)
+    return optax.cosine_decay_schedule(config.lr, steps, alpha=config.lr_end / config.lr)
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:

@@ -126,7 +126,7 @@ def make_train_envs(config: TrainConfig):
 
         env_id = parse_env_id(config.env)
         return (
-            make_gymnax_env(env_id, config.num_envs_per_device),
+            make_gymnax_env(env_id, config.num_envs_per_device, config.gymnax_timeouts_terminal),
             make_gymnax_env(env_id, config.eval_envs_per_device),
         )
     env = ExcavationEnv(excavation_env_config(config))

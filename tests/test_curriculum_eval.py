@@ -37,6 +37,9 @@ def _resolved(**changes) -> TrainConfig:
         ({"curriculum_demote_after": -1}, "--curriculum_demote_after must be >= 0"),
         ({"eval_map_seed": 0, "map_seed": 0}, "must be held out"),
         ({"lr_schedule": "exponential"}, "--lr_schedule must be one of"),
+        ({"lr_end": 1.0}, "--lr_end must be in"),
+        ({"lr_end": -1e-4}, "--lr_end must be in"),
+        ({"lr_decay_updates": -1}, "--lr_decay_updates must be >= 0"),
         ({"env": "gymnax:CartPole-v1", "use_action_mask": False, "curriculum": ("trenches",)},
          "--curriculum needs --env excavation"),
     ],
@@ -69,6 +72,18 @@ def test_learning_rate_schedules_anneal_to_zero(schedule):
     for _ in range(50 * steps_per_update):
         updates, state = optimizer.update({"w": jnp.ones(())}, state, params)
     assert float(-updates["w"]) == pytest.approx(at(50), rel=0.05)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_learning_rate_schedules_reach_lr_end_after_lr_decay_updates_and_keep_it(schedule):
+    # gymnax-blines' MountainCar schedule: 5e-3 down to 5e-4 over the first tenth, then flat.
+    config = _resolved(lr=5e-3, lr_end=5e-4, lr_decay_updates=10, lr_schedule=schedule,
+                       total_timesteps=64 * 100)
+    at = lambda update: float(ppo.learning_rate_at(config, jnp.int32(update)))  # noqa: E731
+    assert at(0) == pytest.approx(5e-3)
+    assert at(5) == pytest.approx(2.75e-3, rel=1e-4)  # half way, for both shapes
+    assert at(10) == at(50) == at(100) == pytest.approx(5e-4, rel=1e-5)
+    assert at(2) > at(5) > at(8) > 5e-4
 
 
 def test_held_out_maps_never_repeat_a_training_map():

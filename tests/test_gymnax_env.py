@@ -98,6 +98,24 @@ def test_time_limit_is_truncated_not_terminated(cartpole, fresh, step_fn):
     assert not np.allclose(final, obs)
 
 
+def test_timeouts_terminal_reports_the_time_limit_as_terminated(cartpole, fresh):
+    # gymnax-blines' and PureJaxRL's treatment, opt-in: the same step as above, every env
+    # ends, none of them truncated; the observations and final observations are unchanged.
+    env = make_gymnax_env("CartPole-v1", NUM_ENVS, timeouts_terminal=True)
+    falling = jnp.arange(NUM_ENVS) < 3
+    state = _forced(fresh[1], cartpole.max_steps - 1, falling)
+    actions = jnp.zeros(NUM_ENVS, jnp.int32)
+    key = jax.random.key(2)
+    obs, _, reward, terminated, truncated, info = jax.jit(env.step)(
+        key, state, actions, env.params)
+    plain = jax.jit(cartpole.step)(key, state, actions, cartpole.params)
+    np.testing.assert_array_equal(terminated, np.ones(NUM_ENVS, bool))
+    np.testing.assert_array_equal(truncated, np.zeros(NUM_ENVS, bool))
+    np.testing.assert_array_equal(obs, plain[0])
+    np.testing.assert_array_equal(reward, plain[2])
+    np.testing.assert_array_equal(info["final_observation"], plain[5]["final_observation"])
+
+
 def test_pole_falling_step_is_terminated(cartpole, fresh, step_fn):
     falling = jnp.arange(NUM_ENVS) % 2 == 0
     state = _forced(fresh[1], 10, falling)

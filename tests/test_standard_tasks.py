@@ -43,6 +43,8 @@ def test_every_task_resolves_to_a_valid_config_at_its_budget(name, tmp_path):
         assert config.gymnax_activation == "relu" and config.gymnax_hidden_dim == 64
     else:
         assert config.gymnax_activation == "tanh"
+    # Only MountainCar trains on its timeouts as terminal (gymnax-blines' treatment).
+    assert config.gymnax_timeouts_terminal == (name == "MountainCar-v0")
     assert config.wandb_mode == "disabled" and config.precision == "float32"
 
 
