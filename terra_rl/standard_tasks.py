@@ -141,9 +141,10 @@ def markdown_table(rows: Sequence[dict]) -> str:
         "| --- | ---: | --- | ---: | ---: | ---: |",
     ]
     for row in rows:
+        seeds = f"{row['seeds']} seed{'s' if row['seeds'] != 1 else ''}"
         lines.append(
             f"| {row['task']} | {row['budget']:,} | {row['return_median']:.1f} "
-            f"({row['return_min']:.1f} to {row['return_max']:.1f}, {row['seeds']} seeds) "
+            f"({row['return_min']:.1f} to {row['return_max']:.1f}, {seeds}) "
             f"| {row['reference']:g} | {row['steps_per_second']:,.0f} "
             f"| {row['wall_seconds'] / 60:.1f} min |"
         )

@@ -311,7 +311,8 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         metrics = optimization_metrics(update_metrics, loss_scale)
         metrics["sched/entropy_coef"] = ent_coef
         metrics["sched/lr"] = ppo.learning_rate_at(config, counters.update)
-        metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps))
+        metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps,
+                                       env.has_success))
         metrics.update(curriculum_metrics(env, env_state))
         new_runner = RunnerState(
             policy=policy_state,
@@ -383,9 +384,12 @@ def optimization_metrics(step_metrics: dict, loss_scale: LossScale) -> dict[str,
     return metrics
 
 
-def rollout_metrics(traj, episodes, done, returns, max_steps: int) -> dict[str, jax.Array]:
+def rollout_metrics(traj, episodes, done, returns, max_steps: int,
+                    has_success: bool = True) -> dict[str, jax.Array]:
     """Rollout statistics over all devices. Ratios whose count is 0 come out NaN (nothing
-    to report, e.g. no episode finished); the host drops them instead of logging 0."""
+    to report, e.g. no episode finished); the host drops them instead of logging 0. The
+    task-done rate and the episode progress only for envs with a notion of success
+    (`has_success`; gymnax envs have none and would log a constant 0)."""
     psum = lambda x: jax.lax.psum(jnp.sum(x), AXIS)  # noqa: E731
     steps = psum(jnp.ones_like(traj.reward))
     finished = psum(episodes["count"])
@@ -393,14 +397,15 @@ def rollout_metrics(traj, episodes, done, returns, max_steps: int) -> dict[str, 
     metrics = {
         "train/reward": psum(traj.reward) / steps,
         "train/done_rate": psum(done) / steps,
-        "train/task_done_rate": psum(episodes["task_done"]) / steps,
         "train/timeout_rate": psum(traj.truncated) / steps,
-        "train/mean_episode_progress": psum(traj.progress) / steps,
-        "train/max_episode_progress": jax.lax.pmax(jnp.max(traj.progress), AXIS),
         "train/episodes_finished": finished,
         "train/episode_return": nan_if_empty(psum(episodes["return"]), finished),
         "train/episode_length": nan_if_empty(psum(episodes["length"]), finished),
     }
+    if has_success:
+        metrics["train/task_done_rate"] = psum(episodes["task_done"]) / steps
+        metrics["train/mean_episode_progress"] = psum(traj.progress) / steps
+        metrics["train/max_episode_progress"] = jax.lax.pmax(jnp.max(traj.progress), AXIS)
     errors = returns - traj.value
     overall = value_fit_metrics(errors, returns, jnp.ones_like(returns, bool), psum)
     metrics["train/explained_variance"] = overall["explained_variance"]

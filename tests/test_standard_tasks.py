@@ -74,5 +74,7 @@ def test_run_record_takes_the_last_eval_and_summary_spans_seeds():
     assert len(table) == 3
     assert table[2] == ("| Breakout-MinAtar | 10,000,000 | 7.0 (5.0 to 9.0, 3 seeds) | 28 "
                         "| 2,000 | 1.5 min |")
+    one = markdown_table([summarize("Breakout-MinAtar", runs[:1])]).splitlines()[2]
+    assert "9.0 (9.0 to 9.0, 1 seed) |" in one
     with pytest.raises(ValueError, match="no eval"):
         run_record([r for r in _records([1.0], 1.0) if "eval/first_episode_return" not in r], 1)

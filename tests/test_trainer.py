@@ -298,6 +298,9 @@ def test_gymnax_cartpole_trains():
     dones = metrics["train/done_rate"] * 16 * 8
     assert dones == pytest.approx(round(dones)) and dones >= metrics["train/episodes_finished"]
     assert not leaves_equal(params_before, jax.device_get(runner.policy.params))
+    # No success and no progress to report: those metrics are left out, not logged as 0.
+    assert not {"train/task_done_rate", "train/mean_episode_progress",
+                "train/max_episode_progress"} & set(metrics)
     evals = trainer.evaluate(runner, update=3)
     assert "eval/positive_terminations" not in evals  # gymnax has no success notion
     assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
