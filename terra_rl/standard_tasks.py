@@ -55,8 +55,8 @@ _MINATAR = (*_ppo(64, 128, 4, 8, 5e-3, 0.99, 0.01, 0.5, "linear"),
 # constant): 21.1-27.3 on seeds 0-2, where the settings above give 8.4-9.5.
 _ASTERIX = (*_ppo(64, 128, 4, 8, 5e-4, 0.999, 0.01, 0.5),
             "--image_encoder", "mlp", "--gymnax_activation", "relu", "--gymnax_hidden_dim", "256")
-# Acrobot at twice gymnax-blines' learning rate, annealed: greedy median -80.6 over seeds
-# 0-5 against -84.8 at its 5e-4 constant (docs/RESULTS.md).
+# Acrobot at twice gymnax-blines' learning rate, annealed: greedy median -80.55 over seeds
+# 0-5 against -85.0 at its 5e-4 constant (docs/RESULTS.md).
 # MountainCar learns from the timeouts treated as terminal, as in gymnax-blines (whose
 # published -118 this is): 3 seeds of 3 reach the flag, 1 of 3 with the timeouts bootstrapped.
 TASKS: dict[str, StandardTask] = {
