@@ -16,8 +16,8 @@ from terra_rl.config import (
     ConfigError,
     get_preset,
     resolve,
-    validate,
 )
+from terra_rl.config_checks import validate
 from terra_rl.flags import parse_train_args
 from terra_rl.validation import small
 

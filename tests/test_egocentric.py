@@ -16,7 +16,8 @@ import pytest
 from hand_built_obs import SIZE, hand_built_obs
 
 from terra_rl.compass import LAYERS
-from terra_rl.config import ConfigError, TrainConfig, validate
+from terra_rl.config import ConfigError, TrainConfig
+from terra_rl.config_checks import validate
 from terra_rl.egocentric import egocentric_view, view_offsets
 from terra_rl.models import ExcavationPolicy, PolicyConfig
 from terra_rl.parameters import count_parameters
