@@ -78,7 +78,7 @@ def unpack(x: jax.Array, n: int) -> jax.Array:
     return bits.reshape(*x.shape[:-1], -1)[..., :n].astype(bool)
 
 
-def _moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
+def moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     """Packed uint32 [..., N, words]: y[r, c] = x[r - dr, c - dc], False where that lies off
     the map (|dc| < 32)."""
     if dr:
@@ -110,11 +110,11 @@ def _column_bits(n: int) -> np.ndarray:
 def make_moves(moves, num_maps: int, n: int):
     """`apply(x) -> y`, packed uint32 [..., C, N, words] -> [..., num_maps, N, words]:
     y[d] = the OR over the moves (source s, destination d, dr, dc) into d of x[s] moved by
-    (dr, dc) (`_moved`; static ints, |dc| < 32).
+    (dr, dc) (`moved`; static ints, |dc| < 32).
 
-    The moves are sorted by offset, so each distinct offset costs one `_moved` over all the
+    The moves are sorted by offset, so each distinct offset costs one `moved` over all the
     maps it moves (one gather picks them, one more gathers each destination's arrivals):
-    a few dozen ops for a search's hundreds of moves. One `_moved` per move made the cut-off
+    a few dozen ops for a search's hundreds of moves. One `moved` per move made the cut-off
     rule's and the pose distance's compiles grow with every move (docs/PERFORMANCE.md)."""
     moves = np.asarray(moves, np.int64).reshape(-1, 4)
     count = len(moves)
@@ -132,10 +132,10 @@ def make_moves(moves, num_maps: int, n: int):
 
     def apply(x):
         picked = x[..., sources, :, :]
-        moved = [_moved(picked[..., start:end, :, :], int(dr), int(dc), n)
+        shifted = [moved(picked[..., start:end, :, :], int(dr), int(dc), n)
                  for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)]
-        moved = jnp.concatenate([*moved, jnp.zeros_like(picked[..., :1, :, :])], axis=-3)
-        return jax.lax.reduce(moved[..., arrivals, :, :], jnp.uint32(0), jax.lax.bitwise_or,
+        shifted = jnp.concatenate([*shifted, jnp.zeros_like(picked[..., :1, :, :])], axis=-3)
+        return jax.lax.reduce(shifted[..., arrivals, :, :], jnp.uint32(0), jax.lax.bitwise_or,
                               (x.ndim - 2,))
 
     return apply
@@ -160,7 +160,7 @@ def make_free_poses(config: EnvConfig):
     def free_poses(action_map, obstacles):
         free = pack(excavation.traversable(obstacles, action_map, config.drivable_soil_height))
         # under[k, r, c]: the tile at (r, c) + tiles[k] is free (pose centre at (r, c)).
-        under = jnp.stack([_moved(free, -dr, -dc, n) for dr, dc in tiles])
+        under = jnp.stack([moved(free, -dr, -dc, n) for dr, dc in tiles])
         needed = jnp.where(in_footprint[:, :, None, None], under[None], jnp.uint32(0xFFFFFFFF))
         return jax.lax.reduce(needed, jnp.uint32(0xFFFFFFFF), jax.lax.bitwise_and, (1,))
 
@@ -183,8 +183,8 @@ def _make_reachable_packed(config: EnvConfig):
 
     def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [12, N, words]
         turns = jnp.roll(reach, 1, axis=0) | jnp.roll(reach, -1, axis=0)
-        moved = straight(reach) | jnp.where(is_wheeled, arcs(reach), turns)
-        return reach | (moved & pose_free)
+        arrived = straight(reach) | jnp.where(is_wheeled, arcs(reach), turns)
+        return reach | (arrived & pose_free)
 
     def reachable(action_map, obstacles, pos, heading, is_wheeled):
         pose_free = free_poses(action_map, obstacles)
@@ -218,7 +218,7 @@ def make_targets_cut_off(config: EnvConfig):
         reach = reachable(action_map, obstacles, pos, heading, is_wheeled)
         positions = jax.lax.reduce(reach, jnp.uint32(0), jax.lax.bitwise_or, (0,))
         covered = functools.reduce(
-            jnp.bitwise_or, [_moved(positions, dr, dc, n) for dr, dc in ring]
+            jnp.bitwise_or, [moved(positions, dr, dc, n) for dr, dc in ring]
         )
         undug = pack((target_map == -1) & (action_map == 0))
         return jnp.any((undug & ~covered) != 0)
@@ -258,13 +258,13 @@ def make_move_distances(config: EnvConfig, max_distance: int):
         len(wheels) * H, n)
 
     def grow(reach, pose_free, is_wheeled):  # reach: packed uint32 [wheels, 12, N, words]
-        moved = arcs(reach.reshape(-1, *reach.shape[2:])).reshape(reach.shape)
+        arrived = arcs(reach.reshape(-1, *reach.shape[2:])).reshape(reach.shape)
         none = jnp.zeros_like(reach[:1])
         wheel_turns = (jnp.concatenate([none, reach[:-1]])
                        | jnp.concatenate([reach[1:], none]))
         base_turns = jnp.roll(reach, 1, axis=1) | jnp.roll(reach, -1, axis=1)
-        moved = moved | jnp.where(is_wheeled, wheel_turns, base_turns)
-        return reach | (moved & pose_free[None])
+        arrived = arrived | jnp.where(is_wheeled, wheel_turns, base_turns)
+        return reach | (arrived & pose_free[None])
 
     def distances(action_map, obstacles, goal_positions, queries, valid, is_wheeled):
         pose_free = free_poses(action_map, obstacles)

@@ -16,6 +16,7 @@ heading, so it is a guide, not a plan. No parameters; computed from the observat
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -132,20 +133,83 @@ def dig_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.A
     directions from the base heading, the same two at the next tile in that direction and
     the change of distance clipped to [-1, 1] (+1 where that tile is blocked).
     `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already."""
-    field = dig_distance_field(obs, in_reach)
-    size = field.shape[-1]
-    far = unreachable_distance(size)
-    agent = obs["agent_state"]
-    row, col, heading = agent[..., 0], agent[..., 1], agent[..., 2] % NUM_DIRECTIONS
+    rows, cols = feature_tiles(obs["agent_state"])
+    values = field_at(obs, rows, cols, in_reach)
+    return distance_features(values, unreachable_distance(obs["target_map"].shape[-1]))
+
+
+def feature_tiles(agent_state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(rows, cols) int32 [..., 13] from `agent_state` int32 [..., 6]: the agent's tile,
+    then the next tile in each of the 12 directions counted from its base heading (may lie
+    off the map)."""
+    row, col = agent_state[..., 0], agent_state[..., 1]
+    heading = agent_state[..., 2] % NUM_DIRECTIONS
     steps = jnp.asarray(direction_offsets())
     turned = steps[(heading[..., None] + jnp.arange(NUM_DIRECTIONS)) % NUM_DIRECTIONS]
     rows = jnp.concatenate([row[..., None], row[..., None] + turned[..., 0]], axis=-1)
     cols = jnp.concatenate([col[..., None], col[..., None] + turned[..., 1]], axis=-1)
+    return rows, cols
+
+
+def field_at(obs: dict, rows: jax.Array, cols: jax.Array,
+             in_reach: jax.Array | None = None) -> jax.Array:
+    """int32 [..., Q]: `dig_distance_field(obs, in_reach)` at the tiles (rows, cols) int32
+    [..., Q], `unreachable_distance(N)` off the map, without building the field.
+
+    The same breadth-first search on maps packed 32 tiles to a word
+    (`envs.reachability.pack`): each sweep grows the reached set by its 8 neighbours on
+    free tiles, a few word operations per row, and the search stops once every query tile
+    is reached or the set stops growing. The field's 2N - 1 sweeps of [N, N] minimums cost
+    as much as the rest of the policy's forward pass at 32x32 (docs/PERFORMANCE.md)."""
+    target, action = obs["target_map"], obs["action_map"]
+    size = target.shape[-1]
+    far = unreachable_distance(size)
+    free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
+    in_reach = work_in_reach(obs) if in_reach is None else in_reach
+    batch = rows.shape[:-1]
     on_map = (rows >= 0) & (rows < size) & (cols >= 0) & (cols < size)
-    flat = jnp.clip(rows, 0, size - 1) * size + jnp.clip(cols, 0, size - 1)
-    values = jnp.take_along_axis(field.reshape(*field.shape[:-2], -1), flat, axis=-1)
-    values = jnp.where(on_map, values, far)  # [..., 13]: the agent's tile, then 12 directions
-    return distance_features(values, far)
+    flat = [x.reshape(-1, *x.shape[len(batch):])
+            for x in (free, free & in_reach, jnp.clip(rows, 0, size - 1),
+                      jnp.clip(cols, 0, size - 1), on_map)]
+    values = jax.vmap(functools.partial(_search, far=far))(*flat)
+    return values.reshape(*batch, -1)
+
+
+def _search(free, goals, rows, cols, on_map, far: int):
+    """int32 [Q] for one map: free, goals bool [N, N]; rows, cols int32 [Q] on the map."""
+    size = free.shape[-1]
+    free_bits = reachability.pack(free)
+    word, bit = cols // reachability.WORD, (cols % reachability.WORD).astype(jnp.uint32)
+
+    def reached(bits):
+        return ((bits[rows, word] >> bit) & 1) == 1
+
+    # A query on a blocked tile or off the map is never reached: it must not keep the
+    # search going.
+    open_query = on_map & reached(free_bits)
+
+    def grow(bits):
+        across = (bits | reachability.moved(bits, 0, 1, size)
+                  | reachability.moved(bits, 0, -1, size))
+        around = (across | reachability.moved(across, 1, 0, size)
+                  | reachability.moved(across, -1, 0, size))
+        return around & free_bits
+
+    def searching(carry):
+        _, distance, sweeps, grew = carry
+        return grew & (sweeps < far - 1) & jnp.any(open_query & (distance == far))
+
+    def sweep(carry):
+        bits, distance, sweeps, _ = carry
+        grown = grow(bits)
+        distance = jnp.where(open_query & (distance == far) & reached(grown),
+                             sweeps + 1, distance)
+        return grown, distance, sweeps + 1, jnp.any(grown != bits)
+
+    start = reachability.pack(goals)
+    distance = jnp.where(open_query & reached(start), 0, far).astype(jnp.int32)
+    carry = (start, distance, jnp.int32(0), jnp.bool_(True))
+    return jax.lax.while_loop(searching, sweep, carry)[1]
 
 
 def distance_features(values: jax.Array, far: int) -> jax.Array:

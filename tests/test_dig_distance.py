@@ -18,6 +18,8 @@ from terra_rl.dig_distance import (
     dig_distance_features,
     dig_distance_field,
     direction_offsets,
+    feature_tiles,
+    field_at,
     unreachable_distance,
 )
 from terra_rl.models import ExcavationPolicy, PolicyConfig
@@ -81,6 +83,51 @@ def test_field_equals_a_breadth_first_search_on_random_maps(seed):
     assert got.dtype == np.int32 and got.shape == (N, N)
     np.testing.assert_array_equal(got, expected)
     assert (expected == 0).any() and ((expected > 0) & (expected < FAR)).any()
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_the_packed_search_gives_the_field_at_its_query_tiles(size):
+    """`field_at` (the features' path: a packed search that stops early) equals the field
+    gathered at the same tiles: random maps [2, 3] of several densities, at a size of one
+    word a row (16, 32) and of two (64); queries on blocked
+    tiles, off the map (far) and around the agent."""
+    rng = np.random.default_rng(size)
+    shape = (2, 3, size, size)
+    density = rng.uniform(0.05, 0.45, (2, 3, 1, 1))
+    target = np.where(rng.random(shape) < 8 / size**2, -1, 0).astype(np.int8)
+    target[..., : size // 4, : size // 4] = np.where(rng.random((2, 3, size // 4, size // 4))
+                                                     < 0.3, 1, target[..., : size // 4,
+                                                                      : size // 4])
+    obstacles = (rng.random(shape) < density).astype(np.int8)
+    action = np.zeros(shape, np.int8)
+    action[rng.random(shape) < 0.05] = -1
+    action[rng.random(shape) < 0.05] = 2
+    agent = np.zeros((2, 3, 6), np.int32)
+    agent[..., :2] = rng.integers(0, size, (2, 3, 2))
+    agent[..., 2] = rng.integers(0, 12, (2, 3))
+    obs = {"target_map": jnp.asarray(target), "action_map": jnp.asarray(action),
+           "obstacles": jnp.asarray(obstacles),
+           "dumpability": jnp.ones(shape, jnp.int8), "agent_state": jnp.asarray(agent)}
+    rows = rng.integers(-2, size + 2, (2, 3, 40)).astype(np.int32)
+    cols = rng.integers(-2, size + 2, (2, 3, 40)).astype(np.int32)
+    near_rows, near_cols = feature_tiles(obs["agent_state"])
+    rows = jnp.concatenate([jnp.asarray(rows), near_rows], axis=-1)
+    cols = jnp.concatenate([jnp.asarray(cols), near_cols], axis=-1)
+
+    got = np.asarray(jax.jit(field_at)(obs, rows, cols))
+    field = np.asarray(jax.jit(dig_distance_field)(obs))
+    far = unreachable_distance(size)
+    r, c = np.asarray(rows), np.asarray(cols)
+    on_map = (r >= 0) & (r < size) & (c >= 0) & (c < size)
+    gathered = np.take_along_axis(field.reshape(2, 3, -1),
+                                  np.clip(r, 0, size - 1) * size + np.clip(c, 0, size - 1),
+                                  axis=-1)
+    expected = np.where(on_map, gathered, far)
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == np.int32
+    # The maps are varied enough for the test to mean something.
+    assert {0, far} <= set(expected.ravel().tolist())
+    assert np.any((expected > 1) & (expected < far))
 
 
 def test_a_wall_forces_a_detour_and_blocked_tiles_are_far():

@@ -330,7 +330,7 @@ def test_packed_shifts_equal_boolean_shifts(size):
     """The searches shift maps packed 32 columns to a word; every shift they use (moves,
     footprints, the arm's ring: |offset| <= 10) equals the plain one, alone and as the moves
     of `make_moves` (each to its own map, and two into one map: their OR)."""
-    from envs.reachability import _moved, make_moves, pack, unpack
+    from envs.reachability import make_moves, moved, pack, unpack
 
     rng = np.random.default_rng(size)
     x = rng.random((2, size, size)) < 0.4
@@ -342,7 +342,7 @@ def test_packed_shifts_equal_boolean_shifts(size):
         cols = slice(max(dc, 0), size + min(dc, 0))
         expected[:, i, rows, cols] = x[:, max(-dr, 0):size - max(dr, 0),
                                        max(-dc, 0):size - max(dc, 0)]
-        got = np.asarray(unpack(_moved(pack(jnp.asarray(x)), dr, dc, size), size))
+        got = np.asarray(unpack(moved(pack(jnp.asarray(x)), dr, dc, size), size))
         assert (got == expected[:, i]).all(), (dr, dc)
     # The one input map moves by each offset in turn, to a map of its own.
     moves = [(0, i, dr, dc) for i, (dr, dc) in enumerate(offsets)] + [(0, 0, 1, 0)]

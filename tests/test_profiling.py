@@ -96,3 +96,16 @@ def test_a_bad_train_flag_names_the_profiler(capsys):
     assert error.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("profile_rollout_components.py: error:") and "\n" not in err
+
+
+def test_the_table_gives_no_rate_for_the_host_overhead():
+    """The host overhead is what a logged update adds, not a path with a rate: its row has
+    seconds only (a near-zero overhead printed as trillions of env steps/s before)."""
+    from terra_rl.profiling import Section, format_table
+
+    sections = [Section("env_step", 0.25, 1, 2048), Section("full_update", 0.5, 1, 2048),
+                Section("host_overhead", 1e-9, 1, 2048)]
+    rows = {line.split()[0]: line.split() for line in format_table(sections).splitlines()[1:]}
+    assert rows["env_step"][-2:] == ["8,192", "100.0%"]
+    assert rows["full_update"][-2:] == ["4,096", "50.0%"]
+    assert len(rows["host_overhead"]) == 4
