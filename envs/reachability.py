@@ -133,7 +133,7 @@ def make_moves(moves, num_maps: int, n: int):
     def apply(x):
         picked = x[..., sources, :, :]
         shifted = [moved(picked[..., start:end, :, :], int(dr), int(dc), n)
-                 for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)]
+                   for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)]
         shifted = jnp.concatenate([*shifted, jnp.zeros_like(picked[..., :1, :, :])], axis=-3)
         return jax.lax.reduce(shifted[..., arrivals, :, :], jnp.uint32(0), jax.lax.bitwise_or,
                               (x.ndim - 2,))

@@ -88,9 +88,9 @@ def test_field_equals_a_breadth_first_search_on_random_maps(seed):
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_the_packed_search_gives_the_field_at_its_query_tiles(size):
     """`field_at` (the features' path: a packed search that stops early) equals the field
-    gathered at the same tiles: random maps [2, 3] of several densities, at a size of one
-    word a row (16, 32) and of two (64); queries on blocked
-    tiles, off the map (far) and around the agent."""
+    gathered at the same tiles: random maps [2, 3] of several densities, at sizes of one
+    word a row (16, 32) and of two (64); queries on blocked tiles, off the map (far) and
+    around the agent."""
     rng = np.random.default_rng(size)
     shape = (2, 3, size, size)
     density = rng.uniform(0.05, 0.45, (2, 3, 1, 1))
