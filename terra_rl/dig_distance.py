@@ -61,9 +61,8 @@ def dig_distance_field(obs: dict, in_reach: jax.Array | None = None) -> jax.Arra
     the tile is blocked). Free: no obstacle, not dug, soil no higher than the env's default
     `drivable_soil_height` of 1 (the config allows this field with no other).
     `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already."""
-    target, action = obs["target_map"], obs["action_map"]
-    size = target.shape[-1]
-    free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
+    size = obs["target_map"].shape[-1]
+    free = free_tiles(obs)
     in_reach = work_in_reach(obs) if in_reach is None else in_reach
     far = unreachable_distance(size)
     start = jnp.where(free & in_reach, 0, far).astype(jnp.int32)
@@ -76,6 +75,13 @@ def dig_distance_field(obs: dict, in_reach: jax.Array | None = None) -> jax.Arra
         return jnp.where(free, jnp.minimum(nearest, far), far)
 
     return jax.lax.fori_loop(0, unreachable_distance(size) - 1, relax, start)
+
+
+def free_tiles(obs: dict) -> jax.Array:
+    """bool [..., N, N]: the tiles the search drives over: no obstacle, not dug, soil no
+    higher than the env's default `drivable_soil_height` of 1."""
+    action = obs["action_map"]
+    return (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
 
 
 def work_in_reach(obs: dict) -> jax.Array:
@@ -161,10 +167,9 @@ def field_at(obs: dict, rows: jax.Array, cols: jax.Array,
     free tiles, a few word operations per row, and the search stops once every query tile
     is reached or the set stops growing. The field's 2N - 1 sweeps of [N, N] minimums cost
     as much as the rest of the policy's forward pass at 32x32 (docs/PERFORMANCE.md)."""
-    target, action = obs["target_map"], obs["action_map"]
-    size = target.shape[-1]
+    size = obs["target_map"].shape[-1]
     far = unreachable_distance(size)
-    free = (obs["obstacles"] == 0) & (action >= 0) & (action <= 1)
+    free = free_tiles(obs)
     in_reach = work_in_reach(obs) if in_reach is None else in_reach
     batch = rows.shape[:-1]
     on_map = (rows >= 0) & (rows < size) & (cols >= 0) & (cols < size)
