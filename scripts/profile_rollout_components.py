@@ -64,12 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         update = trainer.compile_update(runner)
         own.trace.mkdir(parents=True, exist_ok=True)
         (own.trace / "update.hlo.txt").write_text(update.as_text())
+        # Dispatches as the trainer makes them: with updates_per_dispatch K, K updates each.
+        count = config.updates_per_dispatch
+        dispatches = -(-3 // count)
         with jax.profiler.trace(str(own.trace)):
-            for _ in range(3):
-                runner, metrics = update(runner, trainer.env_params)
+            for _ in range(dispatches):
+                runner, metrics = trainer.run_updates(runner, count)
             jax.block_until_ready(metrics)
-        print(f"wrote a jax.profiler trace of 3 updates and the update's HLO under {own.trace}"
-              f"; read it with scripts/trace_top_ops.py {own.trace}")
+        print(f"wrote a jax.profiler trace of {dispatches * count} updates ({dispatches} "
+              f"dispatch(es)) and the update's HLO under {own.trace}; read it with "
+              f"scripts/trace_top_ops.py {own.trace} --updates {dispatches * count}")
     return 0
 
 

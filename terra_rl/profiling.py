@@ -14,8 +14,10 @@ the trainer's pmapped update on `num_devices`):
     minibatch_gradient  one minibatch's PPO loss and gradient (the observations carry their
                         parameter-free features, as the trainer stores them)
     optimizer_apply     one optimizer step (optax update + apply)
-    full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches
-    host_overhead       what the host loop adds per update when it logs (metrics to host)
+    full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches,
+                        timed over one dispatch of `updates_per_dispatch` updates
+    host_overhead       what the host loop adds per update when it logs a dispatch's
+                        metrics (metrics to host)
 
 Each section reports `seconds` (one call, median of the repeats), `calls_per_update`,
 `seconds_per_update` and `steps_per_second` = env steps per update / seconds per update, so
@@ -37,7 +39,7 @@ from terra_rl import ppo
 from terra_rl.benchmarking import time_repeated
 from terra_rl.config import TrainConfig
 from terra_rl.models import with_derived_features
-from terra_rl.trainer import Trainer, build_trainer, host_metrics
+from terra_rl.trainer import Trainer, build_trainer, fetch_metrics, metrics_row
 from terra_rl.update import make_loss_and_grads, policy_outputs
 
 
@@ -156,21 +158,22 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
 
 
 def _update_sections(trainer: Trainer, runner, repeats: int, per_update: int) -> list[Section]:
-    """The trainer's compiled update, alone and with a host transfer of its metrics (what
+    """The trainer's compiled update as the trainer dispatches it, `updates_per_dispatch` at a
+    time, timed per update: alone, and with the host transfer of the dispatch's metrics (what
     the host loop does at every log)."""
-    update = trainer.compile_update(runner)
+    count = trainer.config.updates_per_dispatch
     state = {"runner": runner}
 
-    def one_update():
-        state["runner"], metrics = update(state["runner"], trainer.env_params)
+    def one_dispatch():
+        state["runner"], metrics = trainer.run_updates(state["runner"], count)
         return metrics
 
-    def logged_update():
-        return host_metrics(one_update())
+    def logged_dispatch():
+        return metrics_row(fetch_metrics(one_dispatch()), count - 1)
 
-    jax.block_until_ready(one_update())
-    full = time_repeated(one_update, repeats).median
-    logged = time_repeated(logged_update, repeats).median
+    jax.block_until_ready(one_dispatch())
+    full = time_repeated(one_dispatch, repeats).median / count
+    logged = time_repeated(logged_dispatch, repeats).median / count
     return [Section("full_update", full, 1, per_update),
             Section("host_overhead", max(logged - full, 1e-9), 1, per_update)]
 

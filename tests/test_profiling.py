@@ -43,8 +43,10 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "",
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), *tiny_flags(), "--repeats", "2", "--json", str(out),
-         "--trace", str(trace)],
+        # Two updates a dispatch: the full update is timed as the trainer dispatches it (with
+        # K > 1 the compiled update takes a count; calling it without one was a crash).
+        [sys.executable, str(SCRIPT), *tiny_flags(), "--updates_per_dispatch", "2",
+         "--repeats", "2", "--json", str(out), "--trace", str(trace)],
         env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     table = result.stdout
@@ -64,14 +66,15 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
     assert record["config"]["num_envs_per_device"] == SMOKE_FIELDS["num_envs_per_device"]
     assert record["runtime"]["backend"] == "cpu"
 
-    # The trace of 3 updates, read by trace_top_ops.py: its device ops are the update's, named
-    # by the HLO beside it, and the tables add up.
+    # The trace of 2 dispatches of 2 updates, read by trace_top_ops.py: its device ops are the
+    # update's, named by the HLO beside it, and the tables add up.
+    assert f"trace_top_ops.py {trace} --updates 4" in table
     hlo = (trace / "update.hlo.txt").read_text()
     assert hlo.startswith("HloModule ")
     top_ops = load_script("trace_top_ops")
     summary = top_ops.summarise(
         top_ops.load_trace_events(trace, top_ops.hlo_module_name(hlo)),
-        top_ops.parse_hlo_sources(hlo), 3, 10**6)
+        top_ops.parse_hlo_sources(hlo), 4, 10**6)
     assert summary["device_op_ms_per_update"] > 0 and 0 < summary["busy_share"] <= 1
     for table in ("by_file", "by_line", "ops"):
         shares = [row["share"] for row in summary[table]]
