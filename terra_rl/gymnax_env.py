@@ -25,10 +25,15 @@ timeouts spread over the rollout. Other environments (bandits, bsuite chains, ..
 
 from __future__ import annotations
 
-import gymnax
 import jax
 import jax.numpy as jnp
-from gymnax.environments import spaces
+
+from terra_rl.deferred_imports import deferring
+
+# Plotting modules gymnax imports for its renderers only (terra_rl.deferred_imports).
+with deferring("matplotlib.pyplot", "seaborn"):
+    import gymnax
+from gymnax.environments import spaces  # noqa: E402
 
 GYMNAX_PREFIX = "gymnax:"
 EXCAVATION_SPEC = "excavation"
