@@ -13,6 +13,7 @@ devices of all processes.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -71,6 +72,9 @@ class Trainer:
     compile_seconds: float = 0.0
     """Of the update (the eval's compile is not counted)."""
     eval_compile_seconds: float = 0.0
+    """Of the eval: lowering and compile, in the background too (`start_eval_compile`)."""
+    eval_compile_future: Any = None
+    """The eval's compile running in a background thread, until `compile_eval` takes it."""
     trace_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """How often the update and the eval were traced ("update", "eval"): once each per
     trainer, whatever the updates, evals, checkpoints and resumes of its runs."""
@@ -155,14 +159,42 @@ class Trainer:
 
     def compile_eval(self, runner: RunnerState):
         """The evaluation compiled ahead of time (once per trainer); it takes global arrays
-        `(params, eval keys, eval env_params, sample flags bool [D])`."""
+        `(params, eval keys, eval env_params, sample flags bool [D])`. Waits for a compile
+        `start_eval_compile` began."""
         if self.compiled_eval is None:
-            args = self._local(runner.policy.params, self.eval_keys(), self.eval_env_params,
-                               self.replicate(np.bool_(False)))
-            start = time.perf_counter()
-            self.compiled_eval = self.eval_fn.lower(*args).compile()
-            self.eval_compile_seconds = time.perf_counter() - start
+            if self.eval_compile_future is None:
+                self.start_eval_compile(runner, background=False)
+            self.compiled_eval, self.eval_compile_seconds = self.eval_compile_future.result()
+            self.eval_compile_future = None
         return self.compiled_eval
+
+    def start_eval_compile(self, runner: RunnerState, background: bool = True) -> None:
+        """Lower the evaluation on this thread and, with `background`, compile it on
+        another while this one goes on (XLA compiles without holding the GIL). Single-process
+        runs start their first updates this way: a user does not wait for the eval's compile,
+        and on a GPU it costs the updates nothing (docs/PERFORMANCE.md)."""
+        if self.compiled_eval is not None or self.eval_compile_future is not None:
+            return
+        start = time.perf_counter()
+        lowered = self.eval_fn.lower(*self._local(
+            runner.policy.params, self.eval_keys(), self.eval_env_params,
+            self.replicate(np.bool_(False))))
+
+        def compile_lowered():
+            return lowered.compile(), time.perf_counter() - start
+
+        if not background:
+            self.eval_compile_future = concurrent.futures.Future()
+            self.eval_compile_future.set_result(compile_lowered())
+            return
+        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval-compile")
+        self.eval_compile_future = executor.submit(compile_lowered)
+        executor.shutdown(wait=False)
+
+    def eval_compiled(self) -> bool:
+        """Whether `compile_eval` would return without waiting."""
+        future = self.eval_compile_future
+        return self.compiled_eval is not None or (future is not None and future.done())
 
     def eval_keys(self):
         """Eval keys depend only on the seed, never on the runner's key or the update, so
@@ -171,15 +203,17 @@ class Trainer:
         key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 2)
         return self.shard(np.asarray(jax.random.split(key, self.num_devices)))
 
-    def evaluate(self, runner: RunnerState, update: int) -> dict[str, float]:
-        """Eval metrics of the runner's policy on the held-out pool: greedy (`eval/...`)
-        and, with `eval_sampling`, sampled (`eval_sampled/...`). A collective: all processes
-        call it."""
+    def evaluate(self, runner: RunnerState, update: int,
+                 params: Any = None) -> dict[str, float]:
+        """Eval metrics of the runner's policy (or of `params`, global arrays laid out like
+        the runner's) on the held-out pool: greedy (`eval/...`) and, with `eval_sampling`,
+        sampled (`eval_sampled/...`). A collective: all processes call it."""
         del update  # the same episodes at every eval
         evaluate = self.compile_eval(runner)
+        params = runner.policy.params if params is None else params
         metrics = {}
         for sample in (False, True) if self.config.eval_sampling else (False,):
-            result = host_metrics(evaluate(runner.policy.params, self.eval_keys(),
+            result = host_metrics(evaluate(params, self.eval_keys(),
                                            self.eval_env_params,
                                            self.replicate(np.bool_(sample))))
             metrics.update(sampled_names(result) if sample else result)
@@ -359,15 +393,27 @@ def train(
     compile_seconds = trainer.compile_seconds
     logger.message(f"update compiled in {compile_seconds:.1f} s")
     baseline_eval = start == 0 and config.log_eval_interval > 0
+    # With one process, the eval compiles beside the first updates, and the untrained
+    # policy's eval (its parameters kept on the host: the runner is donated) runs once the
+    # compile is done. Processes of a multi-process run must meet in every collective in the
+    # same order, so they compile it first.
+    background_eval = jax.process_count() == 1 and not trainer.eval_compiled()
+    baseline_params = None
     if baseline_eval or any(_is_due(done, config.log_eval_interval, done == num_updates)
                             for done in range(start + 1, last_update + 1)):
-        trainer.compile_eval(runner)
+        if background_eval:
+            trainer.start_eval_compile(runner)
+            if baseline_eval:
+                baseline_params = jax.device_get(runner.policy.params)
+            eval_note = "eval compiling beside the first updates"
+        else:
+            trainer.compile_eval(runner)
+            eval_note = f"eval compiled in {trainer.eval_compile_seconds:.1f} s"
         # Where the wait before the first update went (the update's compile is the largest
         # part, not all of it; docs/PERFORMANCE.md).
         logger.message(
-            f"eval compiled in {trainer.eval_compile_seconds:.1f} s; first update after "
-            f"{time.perf_counter() - setup_start:.1f} s ({'restore' if resume else 'init'} "
-            f"{state_seconds:.1f} s)"
+            f"{eval_note}; first update after {time.perf_counter() - setup_start:.1f} s "
+            f"({'restore' if resume else 'init'} {state_seconds:.1f} s)"
         )
     # Processes compile at different speeds; meet before the first collective.
     distributed.barrier("compiled")
@@ -385,10 +431,26 @@ def train(
     best_value = checkpoints.best_value
     compile_logged = False
     loop_start = time.perf_counter()
-    if baseline_eval:
-        # The untrained policy's eval: the baseline every later eval is compared with.
-        eval_metrics = trainer.evaluate(runner, 0)
-        logger.log_eval(0, 0, eval_metrics)
+    held_train_logs: list[tuple[int, dict[str, float]]] = []
+
+    def log_baseline_eval(runner: RunnerState, updates_beside: int) -> dict[str, float]:
+        """The untrained policy's eval, the baseline every later eval is compared with,
+        logged before any train log (W&B takes steps in order only)."""
+        nonlocal baseline_params
+        params = None if baseline_params is None else trainer.shard(baseline_params)
+        metrics = trainer.evaluate(runner, 0, params)
+        if baseline_params is not None:
+            logger.message(f"eval compiled in {trainer.eval_compile_seconds:.1f} s, beside "
+                           f"the first {updates_beside} updates")
+        logger.log_eval(0, 0, metrics)
+        for finished, held in held_train_logs:
+            logger.log_train(finished, finished * steps_per_update, held)
+        held_train_logs.clear()
+        baseline_params = None
+        return metrics
+
+    if baseline_eval and baseline_params is None:
+        eval_metrics = log_baseline_eval(runner, 0)
     last_log_time, last_log_update = time.perf_counter(), start
     done, stopped = start, False
     while done < last_update:
@@ -419,7 +481,14 @@ def train(
                 if not compile_logged:
                     train_metrics["performance/compile_seconds"] = compile_seconds
                     compile_logged = True
-                logger.log_train(finished, finished * steps_per_update, train_metrics)
+                if baseline_params is None:
+                    logger.log_train(finished, finished * steps_per_update, train_metrics)
+                else:
+                    held_train_logs.append((finished, train_metrics))
+        baseline_due = baseline_params is not None and (
+            trainer.eval_compiled() or eval_due or is_last)
+        if baseline_due:
+            eval_metrics = log_baseline_eval(runner, done - start)
         new_best = False
         if eval_due:
             eval_metrics = trainer.evaluate(runner, done)
@@ -441,7 +510,7 @@ def train(
             distributed.barrier("checkpoint")  # the others wait here, not in a collective
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
-        if logged or eval_due or checkpoint_due or new_best:
+        if logged or eval_due or checkpoint_due or new_best or baseline_due:
             # Restart the clock after host work, so steps/s measures training only.
             last_log_time, last_log_update = time.perf_counter(), done
         if stopped:

@@ -272,6 +272,34 @@ def test_best_checkpoint_is_kept_at_any_eval_that_improves(tiny_trainer, tmp_pat
     assert store.metrics(best_update)[config.best_metric] == max(values)
 
 
+def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, capsys):
+    """One process: the eval compiles in a background thread while the updates run. The
+    untrained policy's eval comes from the parameters before update 1 (the runner itself
+    was donated since), equals the eval run before any update, and is logged before the
+    train logs held back for it, so metrics.jsonl keeps the order of a sequential run."""
+    runner = tiny_trainer.init_runner()
+    tiny_trainer.compile_update(runner)
+    expected = tiny_trainer.evaluate(runner, 0)
+    # A trainer whose eval is not compiled yet, and whose compile reports itself unfinished
+    # until the first eval is due (at update 2): the baseline waits that long.
+    trainer = dataclasses.replace(tiny_trainer, compiled_eval=None, eval_compile_future=None)
+    trainer.eval_compiled = lambda: False
+    capsys.readouterr()
+    result = run_train(trainer, tmp_path)
+    assert result.updates_done == TINY_UPDATES
+    out = capsys.readouterr().out
+    assert "eval compiling beside the first updates; first update after" in out
+    assert re.search(r"eval compiled in \d+\.\d s, beside the first 2 updates", out)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    order = [(r["update"], "eval" if "eval/rewards" in r else "train") for r in records]
+    assert order == [(0, "eval"), (1, "train"), (2, "train"), (2, "eval"), (3, "train"),
+                     (4, "train"), (4, "eval")]
+    baseline = {k: v for k, v in records[0].items() if k.startswith(("eval/", "eval_sampled/"))}
+    assert baseline == pytest.approx(expected, rel=0, abs=0, nan_ok=True)
+    assert any(records[3][name] != value for name, value in baseline.items())  # trained since
+    assert tiny_trainer.trace_counts["eval"] == 1  # lowered again from jax's trace cache
+
+
 def test_gymnax_cartpole_trains():
     config = resolve(
         TrainConfig(
