@@ -75,6 +75,8 @@ class Trainer:
     """Of the eval: lowering and compile, in the background too (`start_eval_compile`)."""
     eval_compile_future: Any = None
     """The eval's compile running in a background thread, until `compile_eval` takes it."""
+    eval_compile_wait_seconds: float = 0.0
+    """How long `compile_eval` waited for a background compile to finish."""
     trace_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """How often the update and the eval were traced ("update", "eval"): once each per
     trainer, whatever the updates, evals, checkpoints and resumes of its runs."""
@@ -164,7 +166,9 @@ class Trainer:
         if self.compiled_eval is None:
             if self.eval_compile_future is None:
                 self.start_eval_compile(runner, background=False)
+            start = time.perf_counter()
             self.compiled_eval, self.eval_compile_seconds = self.eval_compile_future.result()
+            self.eval_compile_wait_seconds += time.perf_counter() - start
             self.eval_compile_future = None
         return self.compiled_eval
 
@@ -431,6 +435,8 @@ def train(
     best_value = checkpoints.best_value
     compile_logged = False
     loop_start = time.perf_counter()
+    # A wait for the eval's background compile is compile time, not training time.
+    waited_before = trainer.eval_compile_wait_seconds
     held_train_logs: list[tuple[int, dict[str, float]]] = []
 
     def log_baseline_eval(runner: RunnerState, updates_beside: int) -> dict[str, float]:
@@ -475,9 +481,10 @@ def train(
                 train_metrics["performance/seconds_per_update"] = seconds_per_update
                 train_metrics["performance/steps_per_second"] = (
                     steps_per_update / seconds_per_update)
-                # Everything since the compile (evals, checkpoints, logging) counted in.
+                # Everything since the compiles (evals, checkpoints, logging) counted in.
+                waited = trainer.eval_compile_wait_seconds - waited_before
                 train_metrics["performance/wall_steps_per_second"] = (
-                    (done - start) * steps_per_update / (now - loop_start))
+                    (done - start) * steps_per_update / (now - loop_start - waited))
                 if not compile_logged:
                     train_metrics["performance/compile_seconds"] = compile_seconds
                     compile_logged = True

@@ -298,6 +298,8 @@ def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, caps
     assert baseline == pytest.approx(expected, rel=0, abs=0, nan_ok=True)
     assert any(records[3][name] != value for name, value in baseline.items())  # trained since
     assert tiny_trainer.trace_counts["eval"] == 1  # lowered again from jax's trace cache
+    # The baseline waited for the compile: counted, to be left out of the wall rate.
+    assert trainer.eval_compile_wait_seconds > 0
 
 
 def test_gymnax_cartpole_trains():
