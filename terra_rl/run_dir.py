@@ -191,11 +191,35 @@ def build_manifest(argv: list[str]) -> dict[str, Any]:
         ],
         "process_count": jax.process_count(),
         "hostname": socket.gethostname(),
+        "cpu": cpu_info(),
         "argv": list(argv),
         "python_executable": sys.executable,
         "start_time": _now_iso(),
         "env": {k: os.environ[k] for k in REPRODUCIBILITY_ENV_VARS if k in os.environ},
     }
+
+
+# Instruction sets XLA:CPU compiles for when the host has them. Kernels for other sets round
+# differently, so a CPU seed's course is the same only on hosts with the same ones
+# (docs/TRAINING.md "Run directory").
+CPU_ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+                 "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd", "sve")
+
+
+def cpu_info(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
+    """The host CPU: `model` (its name, or `platform.processor()` where there is no
+    /proc/cpuinfo) and `isa` (the `CPU_ISA_FLAGS` it has, None where unknown)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return {"model": platform.processor() or platform.machine(), "isa": None}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())  # the first processor's
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    model = fields.get("model name") or fields.get("Model") or platform.machine()
+    return {"model": model, "isa": [flag for flag in CPU_ISA_FLAGS if flag in flags]}
 
 
 def git_state() -> tuple[str | None, bool | None]:

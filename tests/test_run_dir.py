@@ -18,6 +18,7 @@ from terra_rl.run_dir import (
     VERSIONED_PACKAGES,
     RunDirError,
     append_resume_record,
+    cpu_info,
     create_run_dir,
     default_run_name,
     git_state,
@@ -64,6 +65,7 @@ def test_manifest_contents_and_types(tmp_path, monkeypatch):
     ]
     assert manifest["process_count"] == jax.process_count()
     assert isinstance(manifest["hostname"], str) and manifest["hostname"]
+    assert manifest["cpu"] == cpu_info() and manifest["cpu"]["model"]
     started = datetime.datetime.fromisoformat(manifest["start_time"])
     assert started.tzinfo is not None
     assert manifest["env"] == {"XLA_FLAGS": "--xla_gpu_autotune_level=0", "SLURM_JOB_ID": "4242"}
@@ -71,6 +73,20 @@ def test_manifest_contents_and_types(tmp_path, monkeypatch):
     assert (commit, dirty) == git_state()
     if commit is not None:
         assert re.fullmatch(r"[0-9a-f]{40}", commit) and isinstance(dirty, bool)
+
+
+def test_cpu_info_names_the_model_and_the_instruction_sets(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n"
+                       "flags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512bw\n\n"
+                       "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n")
+    assert cpu_info(cpuinfo) == {"model": "AMD EPYC 9R14",
+                                 "isa": ["sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw"]}
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
+    assert cpu_info(arm)["isa"] == ["asimd", "sve"]
+    missing = cpu_info(tmp_path / "nowhere")
+    assert missing["isa"] is None and isinstance(missing["model"], str)
 
 
 def test_git_state_is_none_without_git(monkeypatch):
