@@ -449,11 +449,14 @@ def train(
             logger.message(f"eval compiled in {trainer.eval_compile_seconds:.1f} s, beside "
                            f"the first {updates_beside} updates")
         logger.log_eval(0, 0, metrics)
+        flush_train_logs()
+        baseline_params = None
+        return metrics
+
+    def flush_train_logs() -> None:
         for finished, held in held_train_logs:
             logger.log_train(finished, finished * steps_per_update, held)
         held_train_logs.clear()
-        baseline_params = None
-        return metrics
 
     if baseline_eval and baseline_params is None:
         eval_metrics = log_baseline_eval(runner, 0)
@@ -492,8 +495,13 @@ def train(
                     logger.log_train(finished, finished * steps_per_update, train_metrics)
                 else:
                     held_train_logs.append((finished, train_metrics))
+        eval_ready = trainer.eval_compiled()
+        if stopped and not eval_ready:
+            # A stop does not wait for the eval's compile: the checkpoint comes first.
+            eval_due = False
+            flush_train_logs()
         baseline_due = baseline_params is not None and (
-            trainer.eval_compiled() or eval_due or is_last)
+            eval_ready or eval_due or (is_last and not stopped))
         if baseline_due:
             eval_metrics = log_baseline_eval(runner, done - start)
         new_best = False

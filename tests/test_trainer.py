@@ -302,6 +302,20 @@ def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, caps
     assert trainer.eval_compile_wait_seconds > 0
 
 
+def test_a_stop_does_not_wait_for_the_eval_compile(tiny_trainer, tmp_path):
+    """A stop request while the eval still compiles in the background: the stopped update
+    is logged and checkpointed at once, without the baseline eval or the due one."""
+    runner = tiny_trainer.init_runner()
+    tiny_trainer.compile_update(runner)
+    trainer = dataclasses.replace(tiny_trainer, compiled_eval=None, eval_compile_future=None)
+    trainer.eval_compiled = lambda: False
+    result = run_train(trainer, tmp_path, stop_requested=stop_after_polls(3))
+    assert result.stopped and result.updates_done == 2
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["update"], "eval/rewards" in r) for r in records] == [(1, False), (2, False)]
+    assert CheckpointStore(tmp_path / "checkpoints").latest_step() == 2
+
+
 def test_gymnax_cartpole_trains():
     config = resolve(
         TrainConfig(
