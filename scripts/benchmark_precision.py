@@ -32,9 +32,10 @@ import jax.numpy as jnp
 from terra_rl.benchmarking import runtime_info
 from terra_rl.cli import OneLineErrorParser
 from terra_rl.config import PRESETS, ConfigError, TrainConfig, get_preset, resolve
+from terra_rl.device_metrics import host_metrics
 from terra_rl.models import make_policy
 from terra_rl.precision import PRECISIONS
-from terra_rl.trainer import build_trainer, host_metrics, policy_config
+from terra_rl.trainer import build_trainer, policy_config
 from terra_rl.update import policy_outputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

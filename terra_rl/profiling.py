@@ -38,8 +38,9 @@ import optax
 from terra_rl import ppo
 from terra_rl.benchmarking import time_repeated
 from terra_rl.config import TrainConfig
+from terra_rl.device_metrics import fetch_metrics, metrics_row
 from terra_rl.models import with_derived_features
-from terra_rl.trainer import Trainer, build_trainer, fetch_metrics, metrics_row
+from terra_rl.trainer import Trainer, build_trainer
 from terra_rl.update import make_loss_and_grads, policy_outputs
 
 

@@ -327,7 +327,8 @@ def check_train_smoke(options: PreflightOptions, state: PreflightState) -> str:
     import jax
     import numpy as np
 
-    from terra_rl.trainer import build_trainer, host_metrics
+    from terra_rl.device_metrics import host_metrics
+    from terra_rl.trainer import build_trainer
 
     config = smoke_config(len(state.devices), options.compute_precision)
     with _procedural_maps():

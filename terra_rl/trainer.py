@@ -27,25 +27,13 @@ import numpy as np
 from terra_rl import distributed, ppo
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig
+from terra_rl.device_metrics import fetch_metrics, host_metrics, metrics_row
 from terra_rl.evaluation import make_eval_fn, sampled_names
 from terra_rl.logger import RunLogger
 from terra_rl.models import PolicyConfig, make_policy
 from terra_rl.parameters import count_parameters
 from terra_rl.train_env import make_train_envs
 from terra_rl.update import RunnerState, make_init_fn, make_update_fn
-
-# Metrics that are NaN when there was nothing to measure (no episode finished, an empty
-# age bucket): dropped from the logs rather than logged as a fake 0 or as null.
-OPTIONAL_METRIC_MARKERS = (
-    "episode_return",
-    "episode_length",
-    "avg_positive_episode_length",
-    "value_by_age/",
-    "explained_variance",
-    "grad_norm",  # every minibatch step of the update overflowed: counted, not a norm
-    "completion_rate/",  # an episode group with no eval env
-    "steps_to_completion",
-)
 
 
 @dataclasses.dataclass
@@ -276,32 +264,6 @@ def build_trainer(config: TrainConfig) -> Trainer:
     return trainer
 
 
-def host_metrics(device_metrics: dict) -> dict[str, float]:
-    """Device metrics (identical on every device) -> floats, without the optional ones
-    that had nothing to measure. Reads this process's first device only, so it needs no
-    collective when the arrays span several processes."""
-    return metrics_row(fetch_metrics(device_metrics), 0)
-
-
-def fetch_metrics(device_metrics: dict) -> dict[str, np.ndarray]:
-    """This process's first shard of every metric, on the host: one transfer."""
-    return jax.device_get({name: distributed.first_local_row(value)
-                           for name, value in device_metrics.items()})
-
-
-def metrics_row(host: dict[str, np.ndarray], row: int) -> dict[str, float]:
-    """Update `row`'s floats from `fetch_metrics` of one or several updates' metrics
-    (`Trainer.run_updates`), without the optional ones that had nothing to measure."""
-    out = {}
-    for name, value in host.items():
-        # A scalar per device and update: the shard flattens to its updates.
-        value = float(np.asarray(value).reshape(-1)[row])
-        if math.isnan(value) and any(marker in name for marker in OPTIONAL_METRIC_MARKERS):
-            continue
-        out[name] = value
-    return out
-
-
 @dataclasses.dataclass
 class TrainResult:
     runner: RunnerState
@@ -437,11 +399,11 @@ def train(
     loop_start = time.perf_counter()
     # A wait for the eval's background compile is compile time, not training time.
     waited_before = trainer.eval_compile_wait_seconds
-    held_train_logs: list[tuple[int, dict[str, float]]] = []
+    # Train logs wait while the baseline eval does (W&B takes steps in order only).
+    pending_train_logs: list[tuple[int, dict[str, float]]] = []
 
     def log_baseline_eval(runner: RunnerState, updates_beside: int) -> dict[str, float]:
-        """The untrained policy's eval, the baseline every later eval is compared with,
-        logged before any train log (W&B takes steps in order only)."""
+        """The untrained policy's eval, the baseline every later eval is compared with."""
         nonlocal baseline_params
         params = None if baseline_params is None else trainer.shard(baseline_params)
         metrics = trainer.evaluate(runner, 0, params)
@@ -449,14 +411,8 @@ def train(
             logger.message(f"eval compiled in {trainer.eval_compile_seconds:.1f} s, beside "
                            f"the first {updates_beside} updates")
         logger.log_eval(0, 0, metrics)
-        flush_train_logs()
         baseline_params = None
         return metrics
-
-    def flush_train_logs() -> None:
-        for finished, held in held_train_logs:
-            logger.log_train(finished, finished * steps_per_update, held)
-        held_train_logs.clear()
 
     if baseline_eval and baseline_params is None:
         eval_metrics = log_baseline_eval(runner, 0)
@@ -480,30 +436,30 @@ def train(
             rows = {finished: metrics_row(host, finished - first - 1) for finished in logged}
             now = time.perf_counter()
             seconds_per_update = (now - last_log_time) / (done - last_log_update)
+            # Everything since the compiles (evals, checkpoints, logging) counted in.
+            waited = trainer.eval_compile_wait_seconds - waited_before
             for finished, train_metrics in rows.items():
                 train_metrics["performance/seconds_per_update"] = seconds_per_update
                 train_metrics["performance/steps_per_second"] = (
                     steps_per_update / seconds_per_update)
-                # Everything since the compiles (evals, checkpoints, logging) counted in.
-                waited = trainer.eval_compile_wait_seconds - waited_before
                 train_metrics["performance/wall_steps_per_second"] = (
                     (done - start) * steps_per_update / (now - loop_start - waited))
                 if not compile_logged:
                     train_metrics["performance/compile_seconds"] = compile_seconds
                     compile_logged = True
-                if baseline_params is None:
-                    logger.log_train(finished, finished * steps_per_update, train_metrics)
-                else:
-                    held_train_logs.append((finished, train_metrics))
+                pending_train_logs.append((finished, train_metrics))
         eval_ready = trainer.eval_compiled()
         if stopped and not eval_ready:
             # A stop does not wait for the eval's compile: the checkpoint comes first.
             eval_due = False
-            flush_train_logs()
         baseline_due = baseline_params is not None and (
             eval_ready or eval_due or (is_last and not stopped))
         if baseline_due:
             eval_metrics = log_baseline_eval(runner, done - start)
+        if baseline_params is None or stopped:
+            for finished, row in pending_train_logs:
+                logger.log_train(finished, finished * steps_per_update, row)
+            pending_train_logs.clear()
         new_best = False
         if eval_due:
             eval_metrics = trainer.evaluate(runner, done)

@@ -19,10 +19,11 @@ from test_trainer import NUM_DEVICES, leaves_equal, tiny_config
 
 from terra_rl import loss_scaling
 from terra_rl.checkpointing import CheckpointStore
+from terra_rl.device_metrics import host_metrics
 from terra_rl.loss_scaling import LossScale, next_loss_scale
 from terra_rl.models import PolicyConfig, make_policy
 from terra_rl.ppo import categorical_entropy, categorical_log_prob
-from terra_rl.trainer import build_trainer, host_metrics
+from terra_rl.trainer import build_trainer
 from terra_rl.update import policy_outputs
 
 HALF_PRECISIONS = ("bfloat16", "float16")

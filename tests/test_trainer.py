@@ -27,10 +27,11 @@ from PIL import Image
 import terra_rl.main
 from terra_rl.checkpointing import CheckpointStore
 from terra_rl.config import TrainConfig, resolve
+from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
-from terra_rl.trainer import TrainResult, build_trainer, host_metrics, train
+from terra_rl.trainer import TrainResult, build_trainer, train
 from terra_rl.validation.small import SMOKE_FIELDS
 from terra_rl.warm_start import WarmStartError, load_init_params
 
