@@ -5,8 +5,10 @@ float16 gradients underflow below about 6e-8 and overflow above 65504. The loss 
 multiplied by `scale` before the backward pass and the float32 gradients are divided by
 it afterwards; a step whose averaged gradients are not finite is skipped and halves the
 scale, and `GROWTH_INTERVAL` finite steps in a row double it. float32 and bfloat16 keep a
-constant scale of 1 (bfloat16 has float32's exponent range) but skip non-finite steps the
-same way.
+constant scale of 1 (bfloat16 has float32's exponent range), multiply and divide by
+nothing, but skip non-finite steps the same way. The update tests the gradients through
+their global norm, which it computes anyway: a NaN or inf anywhere makes it non-finite, and
+so does a norm past float32's range (`terra_rl.update`).
 """
 
 from __future__ import annotations

@@ -132,12 +132,16 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
     """`loss_and_grads(params, batch, ent_coef, loss_scale) -> (metrics, grads)` for one
     minibatch on one device.
 
-    The PPO loss is multiplied by `loss_scale` (float32 []) before the backward pass and the
-    gradients divided by it after, so `grads` are float32 gradients of the unscaled loss,
-    shaped like `params` and not yet averaged over devices. `batch`: obs (pytree [N, ...]),
-    action int32 [N], log_prob, value, advantage, return float32 [N]. Metrics: loss (the
-    unscaled total), actor_loss, value_loss, entropy, approx_kl, clip_fraction.
+    With float16's dynamic scale the PPO loss is multiplied by `loss_scale` (float32 [])
+    before the backward pass and the gradients divided by it after; the other precisions
+    keep a scale of 1 and skip both (x * 1 and x / 1 are x). `grads` are float32 gradients
+    of the unscaled loss, shaped like `params` and not yet averaged over devices. `batch`:
+    obs (pytree [N, ...]), action int32 [N], log_prob, value, advantage, return float32
+    [N]. Metrics: loss (the unscaled total), actor_loss, value_loss, entropy, approx_kl,
+    clip_fraction.
     """
+
+    dynamic_scale = loss_scaling.is_dynamic(config.precision)
 
     def scaled_loss(params, batch, ent_coef, loss_scale):
         logits, values = policy_outputs(policy, params, batch["obs"], config.use_action_mask)
@@ -155,11 +159,13 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
             clip_value_loss=config.clip_value_loss,
             normalize_advantages=config.normalize_advantages,
         )
-        return loss * loss_scale, dict(metrics, loss=loss)
+        return (loss * loss_scale if dynamic_scale else loss), dict(metrics, loss=loss)
 
     def loss_and_grads(params, batch, ent_coef, loss_scale):
         grad_fn = jax.grad(scaled_loss, has_aux=True)
         grads, metrics = grad_fn(params, batch, ent_coef, loss_scale)
+        if not dynamic_scale:
+            return metrics, jax.tree.map(to_float32, grads)
         return metrics, loss_scaling.unscale(grads, loss_scale)
 
     return loss_and_grads
@@ -248,8 +254,12 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         policy_state, loss_scale, ent_coef = carry
         metrics, grads = loss_and_grads(policy_state.params, batch, ent_coef, loss_scale.scale)
         grads = jax.lax.pmean(grads, AXIS)
-        # Decided on the averaged gradients, so every device takes the same branch.
-        finite = loss_scaling.all_finite(grads)
+        norms = gradient_norms(grads)
+        # The groups partition the parameters, so the global norm follows from theirs.
+        global_norm = jnp.sqrt(sum(jnp.square(norm) for norm in norms.values()))
+        # A NaN or inf in the averaged gradients makes their norm non-finite (so does a norm
+        # past float32's range, which no clip can scale). Every device decides alike.
+        finite = jnp.isfinite(global_norm)
         updates, opt_state = optimizer.update(grads, policy_state.opt_state, policy_state.params)
         params = optax.apply_updates(policy_state.params, updates)
         keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
@@ -257,9 +267,6 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
             params=jax.tree.map(keep_old, params, policy_state.params),
             opt_state=jax.tree.map(keep_old, opt_state, policy_state.opt_state),
         )
-        norms = gradient_norms(grads)
-        # The groups partition the parameters, so the global norm follows from theirs.
-        global_norm = jnp.sqrt(sum(jnp.square(norm) for norm in norms.values()))
         norms = {f"grad_norm/{name}": norm for name, norm in norms.items()}
         metrics = dict(metrics, grad_norm=global_norm, finite=finite, **norms)
         loss_scale = loss_scaling.next_loss_scale(loss_scale, finite, dynamic_scale)

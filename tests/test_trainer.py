@@ -117,6 +117,29 @@ def test_four_device_updates(tiny_trainer):
     )
 
 
+def test_a_nan_gradient_skips_the_step_on_every_device(tiny_trainer):
+    """float32 keeps the non-finite skip: a NaN in device 0's value head makes its values,
+    its advantages and so the device-averaged gradients NaN, and every device keeps its
+    parameters and optimizer state through every minibatch step."""
+    trainer = tiny_trainer
+    runner = trainer.init_runner()
+    update_fn = trainer.compile_update(runner)
+    params = jax.tree.map(np.array, jax.device_get(runner.policy.params))
+    params["params"]["value_head"]["kernel"][0, 0, 0] = np.nan  # device 0 only
+    runner = runner.replace(policy=runner.policy.replace(params=trainer.shard(params)))
+    opt_before = jax.device_get(runner.policy.opt_state)
+    runner, metrics = update_fn(runner, trainer.env_params)
+    after = jax.device_get(runner.policy.params)
+    assert all(np.array_equal(x, y, equal_nan=True)
+               for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(after), strict=True))
+    assert leaves_equal(opt_before, jax.device_get(runner.policy.opt_state))
+    steps = trainer.config.update_epochs * trainer.config.num_minibatches
+    np.testing.assert_array_equal(jax.device_get(runner.loss_scale.overflow_steps), steps)
+    metrics = host_metrics(metrics)
+    assert metrics["precision/skipped_update_fraction"] == 1.0
+    assert metrics["precision/loss_scale"] == 1.0
+
+
 def test_evaluation_metrics(tiny_trainer):
     trainer = tiny_trainer
     runner = trainer.init_runner()
