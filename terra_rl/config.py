@@ -19,6 +19,9 @@ from envs.dataset import DatasetError
 from envs.params import dataset_from_environment
 
 DEFAULT_COMPILATION_CACHE_DIR = str(Path("~/.cache/terra_rl/xla-cache"))
+# `updates_per_dispatch` 0 on a gymnax env: the standard tasks' setting. CartPole's command in
+# docs/TRAINING.md trains 25-35% faster with it than with 1 (docs/PERFORMANCE.md).
+AUTO_UPDATES_PER_DISPATCH = 16
 
 
 class ConfigError(ValueError):
@@ -181,11 +184,14 @@ class TrainConfig:
     eval; empty = eval/completion_rate, or eval/first_episode_return for gymnax envs."""
     cache_clear_interval: int = 0
     """Call jax.clear_caches() after every N completed updates; 0 = never."""
-    updates_per_dispatch: int = 1
+    updates_per_dispatch: int = 0
     """Run up to N updates in one device call (a loop inside the compiled function); evals,
     checkpoints and stop requests still fall on their updates and every update's metrics
     are logged. Pays where an update is short next to the host round trip (small MLP
-    policies); with --conv_impl lax on CPU the convolutions would run slowly inside the loop."""
+    policies); with --conv_impl lax on CPU the convolutions would run slowly inside the loop.
+    0 = auto: `AUTO_UPDATES_PER_DISPATCH` for gymnax envs (an update takes milliseconds)
+    unless --conv_impl is lax, 1 for the excavation env (an update takes tenths of a
+    second, so the round trip is lost in it)."""
     compilation_cache_dir: str = DEFAULT_COMPILATION_CACHE_DIR
     """Persistent XLA compilation cache; empty disables it."""
     init_params: str = ""
@@ -362,9 +368,12 @@ def resolve(config: TrainConfig, num_local_devices: int) -> TrainConfig:
         updates["dataset_size"] = env_size
     if config.compilation_cache_dir:
         updates["compilation_cache_dir"] = os.path.expanduser(config.compilation_cache_dir)
+    gymnax = config.env.startswith("gymnax:")
     if not config.best_metric:
-        gymnax = config.env.startswith("gymnax:")
         updates["best_metric"] = "eval/first_episode_return" if gymnax else "eval/completion_rate"
+    if config.updates_per_dispatch == 0:
+        many = gymnax and config.conv_impl != "lax"
+        updates["updates_per_dispatch"] = AUTO_UPDATES_PER_DISPATCH if many else 1
     resolved = dataclasses.replace(config, **updates)
     from terra_rl.config_checks import validate  # it imports this module
 

@@ -25,12 +25,13 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     positive = (
         "num_envs_per_device num_steps total_timesteps update_epochs num_minibatches "
         "num_maps max_steps eval_episodes map_feature_dim hidden_dim keep_checkpoints "
-        "updates_per_dispatch map_pool gymnax_hidden_dim"
+        "map_pool gymnax_hidden_dim"
     ).split()
     for name in positive:
         if getattr(c, name) < 1:
             raise ConfigError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("log_train_interval", "log_eval_interval", "checkpoint_interval",
+    for name in ("updates_per_dispatch", "log_train_interval", "log_eval_interval",
+                 "checkpoint_interval",
                  "cache_clear_interval", "ent_coef_decay_updates", "lr_decay_updates",
                  "dataset_size",
                  "curriculum_demote_after", "egocentric_radius", "stall_steps",

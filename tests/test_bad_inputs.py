@@ -50,8 +50,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "timeouts terminal on excavation": (TRAIN, ["--enable_gymnax_timeouts_terminal"],
                                         "--enable_gymnax_timeouts_terminal needs --env gymnax"),
     "lr end above lr": (TRAIN, ["--lr", "1e-3", "--lr_end", "2e-3"], "--lr_end must be in"),
-    "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "0"],
-                             "--updates_per_dispatch must be >= 1, got 0"),
+    "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "-1"],
+                             "--updates_per_dispatch must be >= 0, got -1"),
     "below one update": (TRAIN, ["--total_timesteps", "1000"], "less than one update"),
     "minibatches": (TRAIN, ["--num_minibatches", "3"], "not divisible into --num_minibatches"),
     "eval episodes over devices": (

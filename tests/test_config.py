@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from terra_rl.config import (
+    AUTO_UPDATES_PER_DISPATCH,
     PRESETS,
     ConfigError,
     get_preset,
@@ -132,6 +133,23 @@ def test_resolve_fills_devices_and_dataset_from_environment(monkeypatch):
     monkeypatch.setenv("DATASET_SIZE", "many")
     with pytest.raises(ConfigError, match="DATASET_SIZE"):
         resolve(get_preset("solo_excavator"), 4)
+
+
+@pytest.mark.parametrize("env, conv_impl, given, expected", [
+    ("gymnax:CartPole-v1", "auto", 0, AUTO_UPDATES_PER_DISPATCH),
+    ("gymnax:Breakout-MinAtar", "lax", 0, 1),  # lax convolutions crawl inside a CPU loop
+    ("excavation", "auto", 0, 1),
+    ("gymnax:CartPole-v1", "auto", 3, 3),
+    ("excavation", "auto", 5, 5),
+])
+def test_updates_per_dispatch_auto_resolves_by_env(env, conv_impl, given, expected):
+    config = dataclasses.replace(get_preset("cpu_demo"), env=env, conv_impl=conv_impl,
+                                 updates_per_dispatch=given)
+    if env.startswith("gymnax:"):  # without the excavation-only inputs
+        config = dataclasses.replace(config, use_action_mask=False, use_dig_distance=False,
+                                     use_pose_distance=False, curriculum=())
+    assert get_preset("cpu_demo").updates_per_dispatch == 0
+    assert resolve(config, 1).updates_per_dispatch == expected
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -346,6 +346,7 @@ def test_gymnax_cartpole_trains():
             env="gymnax:CartPole-v1", num_devices=1, num_envs_per_device=8, num_steps=16,
             total_timesteps=3 * 16 * 8, update_epochs=2, num_minibatches=2, eval_episodes=4,
             precision="float32", compilation_cache_dir="", log_eval_interval=0,
+            updates_per_dispatch=1,
         ),
         jax.local_device_count(),
     )
