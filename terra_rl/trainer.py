@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,11 @@ from terra_rl.models import PolicyConfig, make_policy
 from terra_rl.parameters import count_parameters
 from terra_rl.train_env import make_train_envs
 from terra_rl.update import RunnerState, make_init_fn, make_update_fn
+
+# The init runs once: LLVM's level 1 compiles it faster to the same bits as the default
+# level 2; the update and the eval keep level 2, which runs them faster
+# (docs/PERFORMANCE.md). A level set in XLA_FLAGS (the tests' 0) is left alone.
+INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 @dataclasses.dataclass
@@ -55,6 +61,7 @@ class Trainer:
     constant), as global arrays."""
     eval_env_params: Any = None
     """The held-out evaluation pool, laid out like `env_params`."""
+    compiled_init: Any = None
     compiled_update: Any = None
     compiled_eval: Any = None
     compile_seconds: float = 0.0
@@ -91,9 +98,15 @@ class Trainer:
 
     def init_runner(self) -> RunnerState:
         """Fresh runner state: one key per device split over the global device count, so
-        every device of every process steps its own envs."""
-        runner = self.init_fn(*self._local(*self._init_args()))
-        return distributed.to_global(runner, self.sharding)
+        every device of every process steps its own envs. The init is compiled once per
+        trainer, on CPU with `INIT_COMPILER_OPTIONS`."""
+        args = self._local(*self._init_args())
+        if self.compiled_init is None:
+            level_set = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
+            on_cpu = self.devices[0].platform == "cpu"
+            options = INIT_COMPILER_OPTIONS if on_cpu and not level_set else {}
+            self.compiled_init = self.init_fn.lower(*args).compile(compiler_options=options)
+        return distributed.to_global(self.compiled_init(*args), self.sharding)
 
     def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
         """`runner` with host `params` (no device axis) as every device's policy parameters:

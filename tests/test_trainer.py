@@ -31,7 +31,7 @@ from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
-from terra_rl.trainer import TrainResult, build_trainer, train
+from terra_rl.trainer import INIT_COMPILER_OPTIONS, TrainResult, build_trainer, train
 from terra_rl.validation.small import SMOKE_FIELDS
 from terra_rl.warm_start import WarmStartError, load_init_params
 
@@ -373,6 +373,21 @@ def test_gymnax_cartpole_trains():
     evals = trainer.evaluate(runner, update=3)
     assert "eval/positive_terminations" not in evals  # gymnax has no success notion
     assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
+
+
+def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
+    """`init_runner` compiles the init once. On CPU it compiles at LLVM level 1
+    (`INIT_COMPILER_OPTIONS`; the tests' XLA_FLAGS set level 0, which it leaves alone):
+    the state equals the default level 2's bit for bit."""
+    first = jax.device_get(tiny_trainer.init_runner())
+    compiled = tiny_trainer.compiled_init
+    assert leaves_equal(first, jax.device_get(tiny_trainer.init_runner()))
+    assert tiny_trainer.compiled_init is compiled
+    args = tiny_trainer._init_args()
+    lowered = tiny_trainer.init_fn.lower(*args)
+    states = [jax.device_get(lowered.compile(compiler_options=options)(*args)) for options in
+              (INIT_COMPILER_OPTIONS, {"xla_backend_optimization_level": 2})]
+    assert leaves_equal(*states)
 
 
 def test_abstract_runner_is_the_fresh_state_without_running_init(tiny_trainer):
