@@ -99,14 +99,16 @@ class Trainer:
     def init_runner(self) -> RunnerState:
         """Fresh runner state: one key per device split over the global device count, so
         every device of every process steps its own envs. The init is compiled once per
-        trainer, on CPU with `INIT_COMPILER_OPTIONS`."""
-        args = self._local(*self._init_args())
+        trainer, on CPU with `INIT_COMPILER_OPTIONS`; like the compiled update, it takes and
+        returns global arrays."""
+        args = self._init_args()
         if self.compiled_init is None:
             level_set = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
             on_cpu = self.devices[0].platform == "cpu"
             options = INIT_COMPILER_OPTIONS if on_cpu and not level_set else {}
-            self.compiled_init = self.init_fn.lower(*args).compile(compiler_options=options)
-        return distributed.to_global(self.compiled_init(*args), self.sharding)
+            lowered = self.init_fn.lower(*self._local(*args))
+            self.compiled_init = lowered.compile(compiler_options=options)
+        return self.compiled_init(*args)
 
     def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
         """`runner` with host `params` (no device axis) as every device's policy parameters:
