@@ -97,6 +97,8 @@ def log_prob_error(config: TrainConfig, trainer, runner) -> dict[str, float]:
 
 
 def benchmark_one(config: TrainConfig, updates: int, curve_updates: int) -> dict:
+    # One update a call, whatever the env's default (gymnax envs resolve to 16).
+    config = dataclasses.replace(config, updates_per_dispatch=1)
     trainer = build_trainer(config)
     runner = trainer.init_runner()
     update_fn = trainer.compile_update(runner)
