@@ -368,11 +368,11 @@ def resolve(config: TrainConfig, num_local_devices: int) -> TrainConfig:
         updates["dataset_size"] = env_size
     if config.compilation_cache_dir:
         updates["compilation_cache_dir"] = os.path.expanduser(config.compilation_cache_dir)
-    gymnax = config.env.startswith("gymnax:")
     if not config.best_metric:
-        updates["best_metric"] = "eval/first_episode_return" if gymnax else "eval/completion_rate"
+        updates["best_metric"] = ("eval/first_episode_return" if config.is_gymnax
+                                  else "eval/completion_rate")
     if config.updates_per_dispatch == 0:
-        many = gymnax and config.conv_impl != "lax"
+        many = config.is_gymnax and config.conv_impl != "lax"
         updates["updates_per_dispatch"] = AUTO_UPDATES_PER_DISPATCH if many else 1
     resolved = dataclasses.replace(config, **updates)
     from terra_rl.config_checks import validate  # it imports this module

@@ -69,8 +69,17 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.isfinite(jnp.concatenate(leaves)))
 
 
-def unscale(grads, scale: jax.Array):
-    """Gradients of the scaled loss -> float32 gradients of the loss."""
+def scale_loss(loss: jax.Array, scale: jax.Array, dynamic: bool) -> jax.Array:
+    """The loss the backward pass starts from: times `scale` when it is dynamic; a static
+    scale is 1, and x * 1 is x."""
+    return loss * scale if dynamic else loss
+
+
+def unscale(grads, scale: jax.Array, dynamic: bool = True):
+    """Gradients of the scaled loss -> float32 gradients of the loss (no division by a
+    static scale of 1)."""
+    if not dynamic:
+        return jax.tree.map(lambda g: g.astype(jnp.float32), grads)
     return jax.tree.map(lambda g: g.astype(jnp.float32) / scale, grads)
 
 

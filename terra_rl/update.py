@@ -159,14 +159,12 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
             clip_value_loss=config.clip_value_loss,
             normalize_advantages=config.normalize_advantages,
         )
-        return (loss * loss_scale if dynamic_scale else loss), dict(metrics, loss=loss)
+        return loss_scaling.scale_loss(loss, loss_scale, dynamic_scale), dict(metrics, loss=loss)
 
     def loss_and_grads(params, batch, ent_coef, loss_scale):
         grad_fn = jax.grad(scaled_loss, has_aux=True)
         grads, metrics = grad_fn(params, batch, ent_coef, loss_scale)
-        if not dynamic_scale:
-            return metrics, jax.tree.map(to_float32, grads)
-        return metrics, loss_scaling.unscale(grads, loss_scale)
+        return metrics, loss_scaling.unscale(grads, loss_scale, dynamic_scale)
 
     return loss_and_grads
 
