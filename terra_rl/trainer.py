@@ -62,10 +62,18 @@ class Trainer:
     eval_env_params: Any = None
     """The held-out evaluation pool, laid out like `env_params`."""
     compiled_init: Any = None
+    init_compile_seconds: float = 0.0
+    """Of the init: lowering and compile, in the background too (`start_init_compile`)."""
+    init_compile_future: Any = None
+    """The init's compile running in a background thread, until `init_runner` takes it."""
+    init_out_info: Any = None
+    """The lowered init's outputs (host-local `jax.ShapeDtypeStruct`s), once lowered."""
+    lowered_update: Any = None
+    """The update lowered (`lower_update`), until `compile_update` compiles it."""
     compiled_update: Any = None
     compiled_eval: Any = None
     compile_seconds: float = 0.0
-    """Of the update (the eval's compile is not counted)."""
+    """Of the update: its lowering and compile (the eval's are not counted)."""
     eval_compile_seconds: float = 0.0
     """Of the eval: lowering and compile, in the background too (`start_eval_compile`)."""
     eval_compile_future: Any = None
@@ -99,16 +107,28 @@ class Trainer:
     def init_runner(self) -> RunnerState:
         """Fresh runner state: one key per device split over the global device count, so
         every device of every process steps its own envs. The init is compiled once per
-        trainer, on CPU with `INIT_COMPILER_OPTIONS`; like the compiled update, it takes and
-        returns global arrays."""
-        args = self._init_args()
+        trainer (`start_init_compile`, waited for if it runs in the background); like the
+        compiled update, it takes and returns global arrays."""
         if self.compiled_init is None:
-            level_set = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
-            on_cpu = self.devices[0].platform == "cpu"
-            options = INIT_COMPILER_OPTIONS if on_cpu and not level_set else {}
-            lowered = self.init_fn.lower(*self._local(*args))
-            self.compiled_init = lowered.compile(compiler_options=options)
-        return self.compiled_init(*args)
+            self.start_init_compile(background=False)
+            self.compiled_init, self.init_compile_seconds = self.init_compile_future.result()
+            self.init_compile_future = None
+        return self.compiled_init(*self._init_args())
+
+    def start_init_compile(self, background: bool = True) -> None:
+        """Lower the init on this thread and compile it, on CPU with
+        `INIT_COMPILER_OPTIONS`; with `background` on another thread, so the update can be
+        lowered (from `abstract_runner`) beside it (`train` does)."""
+        if self.compiled_init is not None or self.init_compile_future is not None:
+            return
+        start = time.perf_counter()
+        lowered = self.init_fn.lower(*self._local(*self._init_args()))
+        self.init_out_info = lowered.out_info
+        level_set = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
+        on_cpu = self.devices[0].platform == "cpu"
+        options = INIT_COMPILER_OPTIONS if on_cpu and not level_set else {}
+        self.init_compile_future = _compile(lowered, start, background, "init-compile",
+                                            compiler_options=options)
 
     def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
         """`runner` with host `params` (no device axis) as every device's policy parameters:
@@ -118,8 +138,11 @@ class Trainer:
 
     def abstract_runner(self) -> RunnerState:
         """What `init_runner` returns as `jax.ShapeDtypeStruct`s (global shapes), traced
-        but neither compiled nor run: all a checkpoint restore needs."""
-        local = jax.eval_shape(self.init_fn, *self._local(*self._init_args()))
+        but neither compiled nor run: all a checkpoint restore or the update's compile
+        needs. Read from the lowered init when `start_init_compile` has run."""
+        local = self.init_out_info
+        if local is None:
+            local = jax.eval_shape(self.init_fn, *self._local(*self._init_args()))
         return jax.tree.map(
             lambda leaf: jax.ShapeDtypeStruct((self.num_devices, *leaf.shape[1:]), leaf.dtype),
             local,
@@ -131,18 +154,27 @@ class Trainer:
         params_key = self.replicate(jax.random.fold_in(key, 1))
         return self.shard(np.asarray(device_keys)), params_key, self.env_params
 
-    def compile_update(self, runner: RunnerState):
-        """The update compiled ahead of time (once per trainer), timing the compile. It takes
-        and returns global arrays (`runner`, `env_params`, and with `updates_per_dispatch`
-        > 1 the update count, `self.update_counts(n)`)."""
-        if self.compiled_update is None:
+    def lower_update(self, runner: RunnerState) -> None:
+        """Lower the update once per trainer (`compile_update` compiles it), from `runner`
+        or from `abstract_runner()`: the same program."""
+        if self.compiled_update is None and self.lowered_update is None:
             start = time.perf_counter()
             args = (runner, self.env_params)
             if self.config.updates_per_dispatch > 1:
                 args += (self.update_counts(1),)
-            lowered = self.update_fn.lower(*self._local(*args))
-            self.compiled_update = lowered.compile()
+            self.lowered_update = self.update_fn.lower(*self._local(*args))
             self.compile_seconds = time.perf_counter() - start
+
+    def compile_update(self, runner: RunnerState):
+        """The update compiled ahead of time (once per trainer), timing its lowering and
+        compile. It takes and returns global arrays (`runner`, `env_params`, and with
+        `updates_per_dispatch` > 1 the update count, `self.update_counts(n)`)."""
+        if self.compiled_update is None:
+            self.lower_update(runner)
+            start = time.perf_counter()
+            self.compiled_update = self.lowered_update.compile()
+            self.compile_seconds += time.perf_counter() - start
+            self.lowered_update = None
         return self.compiled_update
 
     def update_counts(self, count: int):
@@ -187,16 +219,7 @@ class Trainer:
             runner.policy.params, self.eval_keys(), self.eval_env_params,
             self.replicate(np.bool_(False))))
 
-        def compile_lowered():
-            return lowered.compile(), time.perf_counter() - start
-
-        if not background:
-            self.eval_compile_future = concurrent.futures.Future()
-            self.eval_compile_future.set_result(compile_lowered())
-            return
-        executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="eval-compile")
-        self.eval_compile_future = executor.submit(compile_lowered)
-        executor.shutdown(wait=False)
+        self.eval_compile_future = _compile(lowered, start, background, "eval-compile")
 
     def eval_compiled(self) -> bool:
         """Whether `compile_eval` would return without waiting."""
@@ -229,6 +252,25 @@ class Trainer:
     def _local(self, *trees):
         """Global arrays -> the host-local views a `jax.pmap` call takes on each process."""
         return tuple(distributed.to_local(tree, self.sharding) for tree in trees)
+
+
+def _compile(lowered, start: float, background: bool, thread_name: str,
+             **options) -> concurrent.futures.Future:
+    """A future of `(lowered.compile(**options), seconds since start)`, compiled on a
+    thread of its own with `background` (XLA compiles without holding the GIL), else
+    already done."""
+
+    def compile_lowered():
+        return lowered.compile(**options), time.perf_counter() - start
+
+    if not background:
+        future = concurrent.futures.Future()
+        future.set_result(compile_lowered())
+        return future
+    executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+    future = executor.submit(compile_lowered)
+    executor.shutdown(wait=False)
+    return future
 
 
 def policy_config(config: TrainConfig) -> PolicyConfig:
@@ -356,11 +398,21 @@ def train(
         runner = trainer.shard(restored)
         start = int(np.asarray(restored.counters.update).reshape(-1)[0])
         logger.message(f"resumed at update {start} ({start * steps_per_update:,} env steps)")
+        state_note = f"restore {time.perf_counter() - setup_start:.1f} s"
     else:
+        beside = jax.process_count() == 1
+        if beside:
+            # The init compiles on another thread while this one lowers the update from the
+            # init's output shapes; the update compiles after the init's compile, whose
+            # memory is freed by then (docs/PERFORMANCE.md). pmap lowers host-local shapes
+            # of one process only.
+            trainer.start_init_compile()
+            trainer.lower_update(trainer.abstract_runner())
         runner = trainer.init_runner()
         if init_params is not None:
             runner = trainer.with_policy_params(runner, init_params)
-    state_seconds = time.perf_counter() - setup_start
+        state_note = (f"init {time.perf_counter() - setup_start:.1f} s"
+                      + (", the update lowered beside it" if beside else ""))
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                           runner.policy.params)
     processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
@@ -394,7 +446,7 @@ def train(
         # part, not all of it; docs/PERFORMANCE.md).
         logger.message(
             f"{eval_note}; first update after {time.perf_counter() - setup_start:.1f} s "
-            f"({'restore' if resume else 'init'} {state_seconds:.1f} s)"
+            f"({state_note})"
         )
     # Processes compile at different speeds; meet before the first collective.
     distributed.barrier("compiled")

@@ -390,6 +390,28 @@ def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
     assert leaves_equal(*states)
 
 
+def test_the_init_compiles_in_the_background_and_the_update_lowers_from_its_shapes(
+        tiny_trainer):
+    """`train` compiles the init on another thread while it lowers the update from
+    `abstract_runner()`: that lowering is the same program as from the fresh state, the
+    shapes come from the lowered init without a trace of their own, and `init_runner`
+    waits for the background compile and returns the synchronous path's state."""
+    fresh = dataclasses.replace(tiny_trainer, compiled_init=None, init_compile_future=None,
+                                init_out_info=None)
+    fresh.start_init_compile()
+    assert fresh.compiled_init is None and fresh.init_compile_future is not None
+    abstract = fresh.abstract_runner()
+    assert jax.tree.leaves(jax.tree.map(lambda x: (x.shape, x.dtype), abstract)) == \
+        jax.tree.leaves(jax.tree.map(lambda x: (x.shape, x.dtype),
+                                     tiny_trainer.abstract_runner()))
+    runner = fresh.init_runner()
+    assert fresh.init_compile_future is None and fresh.init_compile_seconds > 0
+    assert leaves_equal(jax.device_get(runner), jax.device_get(tiny_trainer.init_runner()))
+    lowered = [fresh.update_fn.lower(state, fresh.env_params).as_text()
+               for state in (abstract, runner)]
+    assert lowered[0] == lowered[1]
+
+
 def test_abstract_runner_is_the_fresh_state_without_running_init(tiny_trainer):
     """A resume restores into `abstract_runner()` instead of a fresh state it would throw
     away: the same tree, shapes and dtypes as `init_runner()`, and no arrays."""
