@@ -127,7 +127,7 @@ class Trainer:
         level_set = "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", "")
         on_cpu = self.devices[0].platform == "cpu"
         options = INIT_COMPILER_OPTIONS if on_cpu and not level_set else {}
-        self.init_compile_future = _compile(lowered, start, background, "init-compile",
+        self.init_compile_future = _compile(lambda: lowered, start, background, "init-compile",
                                             compiler_options=options)
 
     def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
@@ -208,18 +208,23 @@ class Trainer:
         return self.compiled_eval
 
     def start_eval_compile(self, runner: RunnerState, background: bool = True) -> None:
-        """Lower the evaluation on this thread and, with `background`, compile it on
-        another while this one goes on (XLA compiles without holding the GIL). Single-process
-        runs start their first updates this way: a user does not wait for the eval's compile,
-        and on a GPU it costs the updates nothing (docs/PERFORMANCE.md)."""
+        """Lower and compile the evaluation; with `background` on another thread while this
+        one goes on (XLA compiles without holding the GIL; the lowering's Python shares it
+        with the updates' dispatches, which mostly wait on the device). Single-process runs
+        start their first updates this way: a user does not wait for the eval's lowering and
+        compile, and on a GPU they cost the updates nothing (docs/PERFORMANCE.md). The
+        background lowering reads only the parameters' shapes: the updates donate `runner`."""
         if self.compiled_eval is not None or self.eval_compile_future is not None:
             return
         start = time.perf_counter()
-        lowered = self.eval_fn.lower(*self._local(
-            runner.policy.params, self.eval_keys(), self.eval_env_params,
-            self.replicate(np.bool_(False))))
-
-        self.eval_compile_future = _compile(lowered, start, background, "eval-compile")
+        params = runner.policy.params
+        if background:  # pmap lowers host-local shapes of one process only
+            params = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+        args = self._local(params, self.eval_keys(), self.eval_env_params,
+                           self.replicate(np.bool_(False)))
+        self.eval_compile_future = _compile(lambda: self.eval_fn.lower(*args), start,
+                                            background, "eval-compile")
 
     def eval_compiled(self) -> bool:
         """Whether `compile_eval` would return without waiting."""
@@ -254,14 +259,14 @@ class Trainer:
         return tuple(distributed.to_local(tree, self.sharding) for tree in trees)
 
 
-def _compile(lowered, start: float, background: bool, thread_name: str,
+def _compile(lower: Callable[[], Any], start: float, background: bool, thread_name: str,
              **options) -> concurrent.futures.Future:
-    """A future of `(lowered.compile(**options), seconds since start)`, compiled on a
-    thread of its own with `background` (XLA compiles without holding the GIL), else
-    already done."""
+    """A future of `(lower().compile(**options), seconds since start)`, lowered and
+    compiled on a thread of its own with `background` (XLA compiles without holding the
+    GIL), else already done."""
 
     def compile_lowered():
-        return lowered.compile(**options), time.perf_counter() - start
+        return lower().compile(**options), time.perf_counter() - start
 
     if not background:
         future = concurrent.futures.Future()

@@ -414,6 +414,19 @@ def test_the_init_compiles_in_the_background_and_the_update_lowers_from_its_shap
     assert lowered[0] == lowered[1]
 
 
+def test_the_background_eval_lowers_the_same_program_from_the_parameters_shapes(tiny_trainer):
+    """The eval's background compile lowers from the parameters' shapes (the updates donate
+    the runner meanwhile): the same program as from the parameters themselves."""
+    runner = tiny_trainer.init_runner()
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          runner.policy.params)
+    rest = (tiny_trainer.eval_keys(), tiny_trainer.eval_env_params,
+            tiny_trainer.replicate(np.bool_(False)))
+    lowered = [tiny_trainer.eval_fn.lower(params, *rest).as_text()
+               for params in (shapes, runner.policy.params)]
+    assert lowered[0] == lowered[1]
+
+
 def test_abstract_runner_is_the_fresh_state_without_running_init(tiny_trainer):
     """A resume restores into `abstract_runner()` instead of a fresh state it would throw
     away: the same tree, shapes and dtypes as `init_runner()`, and no arrays."""
