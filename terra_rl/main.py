@@ -42,7 +42,8 @@ from terra_rl.run_dir import (
     open_run_dir,
     write_config,
 )
-from terra_rl.trainer import build_trainer, train
+from terra_rl.train_loop import train
+from terra_rl.trainer import build_trainer
 from terra_rl.warm_start import load_init_params
 
 PROG = "train_mixed.py"

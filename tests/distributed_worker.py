@@ -33,7 +33,7 @@ import terra_rl.main as train_main  # noqa: E402
 from terra_rl import distributed  # noqa: E402
 from terra_rl.checkpointing import CheckpointStore  # noqa: E402
 from terra_rl.logger import NullRunLogger, RunLogger  # noqa: E402
-from terra_rl.trainer import train  # noqa: E402
+from terra_rl.train_loop import train  # noqa: E402
 
 
 def local_rows(leaf) -> np.ndarray:

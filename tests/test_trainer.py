@@ -31,7 +31,8 @@ from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
-from terra_rl.trainer import INIT_COMPILER_OPTIONS, TrainResult, build_trainer, train
+from terra_rl.train_loop import TrainResult, train
+from terra_rl.trainer import INIT_COMPILER_OPTIONS, build_trainer
 from terra_rl.validation.small import SMOKE_FIELDS
 from terra_rl.warm_start import WarmStartError, load_init_params
 
