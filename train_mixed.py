@@ -3,9 +3,7 @@
 `--help` lists every flag with the preset's value. The logic lives in `terra_rl.main`.
 """
 
-import sys
-
-from terra_rl.main import main
+from terra_rl.main import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -19,8 +19,10 @@ waiting in a collective for a process that has already exited.
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 import jax
@@ -43,7 +45,7 @@ from terra_rl.run_dir import (
     write_config,
 )
 from terra_rl.train_loop import train
-from terra_rl.trainer import build_trainer
+from terra_rl.trainer import background_compiles_running, build_trainer
 from terra_rl.warm_start import load_init_params
 
 PROG = "train_mixed.py"
@@ -94,6 +96,40 @@ def setup_compilation_cache(directory: str) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         jax.config.update("jax_compilation_cache_dir", directory)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def cli() -> None:
+    """`train_mixed.py`'s entry: `sys.exit(main())`, except while a compile still runs in
+    the background.
+
+    A stop or an error during the first updates can come while the eval still compiles
+    beside them, and the interpreter waits for that compile's thread before it exits (XLA
+    cannot cancel a compile): for `cpu_demo` on the 2-core CPU 10 s after the stop's
+    checkpoint, and past Slurm's `KillWait` (30 s by default) for an eval whose compile
+    takes longer, which would turn the checkpointed stop's exit 75 into a kill. By the time
+    `main` returns or raises, everything the run writes is saved and closed (checkpoints are
+    synchronous), so then the output is flushed and the process ends at once, with the same
+    exit code (an uncaught exception: its traceback and 1; Ctrl-C: 130).
+    """
+    try:
+        code = main()
+    except BaseException as error:
+        if not background_compiles_running():
+            raise
+        if isinstance(error, SystemExit):
+            code = error.code
+        else:
+            traceback.print_exc()
+            code = 128 + signal.SIGINT if isinstance(error, KeyboardInterrupt) else 1
+    if not background_compiles_running():
+        sys.exit(code)
+    if not isinstance(code, int):  # as sys.exit: None is 0, a message goes to stderr
+        if code is not None:
+            print(code, file=sys.stderr)
+        code = 0 if code is None else 1
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,14 @@ from terra_rl.update import RunnerState, make_init_fn, make_update_fn
 # (docs/PERFORMANCE.md). A level set in XLA_FLAGS (the tests' 0) is left alone.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
+_BACKGROUND_COMPILES: set[concurrent.futures.Future] = set()
+
+
+def background_compiles_running() -> int:
+    """How many compiles `_compile` started on threads of their own are still running (XLA
+    cannot cancel one; the interpreter waits for their threads at exit)."""
+    return sum(not future.done() for future in _BACKGROUND_COMPILES)
+
 
 @dataclasses.dataclass
 class Trainer:
@@ -267,6 +275,8 @@ def _compile(lower: Callable[[], Any], start: float, background: bool, thread_na
     executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=thread_name)
     future = executor.submit(compile_lowered)
     executor.shutdown(wait=False)
+    _BACKGROUND_COMPILES.add(future)
+    future.add_done_callback(_BACKGROUND_COMPILES.discard)
     return future
 
 

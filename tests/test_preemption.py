@@ -158,3 +158,40 @@ def test_stop_request_catches_sigterm_and_sigusr1_and_ignores_repeats(capsys):
         assert signal.getsignal(signum) != stop._handle
         err = capsys.readouterr().err
         assert err.count("received: stopping after the current update") == 1
+
+
+# `cli()` with `main` replaced: it starts a background "compile" that would hold the process
+# for 600 s (a lowering that sleeps), prints a line, then ends as CASE says.
+CLI_SCRIPT = """
+import sys, time
+import terra_rl.main as entry
+from terra_rl.trainer import _compile, background_compiles_running
+
+def fake_main():
+    _compile(lambda: time.sleep(600), time.perf_counter(), True, "slow-compile")
+    assert background_compiles_running() == 1
+    print("the run's last line", flush=False)
+    case = sys.argv[1]
+    if case == "error":
+        raise RuntimeError("boom")
+    if case == "interrupt":
+        raise KeyboardInterrupt
+    if case == "fail":
+        entry.fail("bad input")
+    return entry.EXIT_STOPPED
+
+entry.main = fake_main
+entry.cli()
+"""
+
+
+def test_cli_exits_at_once_with_its_code_while_a_compile_runs_in_the_background():
+    for case, code, in_stderr in (("stop", EXIT_STOPPED, ""), ("error", 1, "RuntimeError: boom"),
+                                  ("interrupt", 130, "KeyboardInterrupt"),
+                                  ("fail", 2, "error: bad input")):
+        # The timeout is the failure: waiting for the thread would take 600 s.
+        done = subprocess.run([sys.executable, "-c", CLI_SCRIPT, case], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, (case, done.stderr[-2000:])
+        assert "the run's last line" in done.stdout, case
+        assert in_stderr in done.stderr, (case, done.stderr[-2000:])
