@@ -39,7 +39,8 @@ _BACKGROUND_COMPILES: set[concurrent.futures.Future] = set()
 def background_compiles_running() -> int:
     """How many compiles `_compile` started on threads of their own are still running (XLA
     cannot cancel one; the interpreter waits for their threads at exit)."""
-    return sum(not future.done() for future in _BACKGROUND_COMPILES)
+    # A tuple first: the compile threads' done callbacks remove their futures meanwhile.
+    return sum(not future.done() for future in tuple(_BACKGROUND_COMPILES))
 
 
 @dataclasses.dataclass
