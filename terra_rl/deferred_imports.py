@@ -2,10 +2,12 @@
 calls: `deferring(names)` stands a `DeferredModule` in for each named module while the
 import runs, and the stand-in imports the real module on its first attribute access.
 
-gymnax imports `matplotlib.pyplot` and `seaborn` (which pulls in pandas and scipy) in five
-environment modules, for their renderers only. Deferred, they no longer cost every gymnax
-run 1.2 s of start-up and 0.3 s of exit on the 2-core CPU (docs/PERFORMANCE.md), and a
-renderer still works: its first `plt.` or `sns.` loads the real module.
+gymnax imports `matplotlib.pyplot`, `matplotlib.colors` and `seaborn` (which pulls in pandas
+and scipy) in five environment modules, for their renderers only. The package `matplotlib`
+is deferred with them, since `import matplotlib.pyplot` binds the package first. Deferred,
+they no longer cost every gymnax run 1.3 s of start-up and 0.3 s of exit on the 2-core CPU
+(docs/PERFORMANCE.md), and a renderer still works: its first `plt.` or `sns.` loads the
+real module.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ class DeferredModule(types.ModuleType):
     to the real module (imported then, once)."""
 
     def __getattr__(self, attribute: str):
+        if attribute == "__path__":
+            # `from package import name` asks; as a plain module the stand-in is not imported
+            # for it, and the name is then read as an attribute (below).
+            raise AttributeError(attribute)
+        submodule = sys.modules.get(f"{self.__name__}.{attribute}")
+        if isinstance(submodule, DeferredModule):  # `import package.sub` of two stand-ins
+            return submodule
         if sys.modules.get(self.__name__) is self:  # still standing in: make way for the real one
             del sys.modules[self.__name__]
         return getattr(importlib.import_module(self.__name__), attribute)

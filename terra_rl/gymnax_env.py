@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from terra_rl.deferred_imports import deferring
 
 # Plotting modules gymnax imports for its renderers only (terra_rl.deferred_imports).
-with deferring("matplotlib.pyplot", "seaborn"):
+with deferring("matplotlib", "matplotlib.pyplot", "matplotlib.colors", "seaborn"):
     import gymnax
 from gymnax.environments import spaces  # noqa: E402
 

@@ -52,6 +52,11 @@ def _improves(value: Any, best: float | None) -> bool:
     return finite and (best is None or value > best)
 
 
+MAX_DEFERRED_EVALS = 8
+"""Evals that may wait for the eval's background compile, each with a host copy of the runner
+state; when one more comes due, the loop waits for the compile."""
+
+
 def _is_due(done_updates: int, interval: int, is_last: bool) -> bool:
     return is_last or (interval > 0 and done_updates % interval == 0)
 
@@ -177,6 +182,16 @@ def train(
     waited_before = trainer.eval_compile_wait_seconds
     # Train logs wait while the baseline eval does (W&B takes steps in order only).
     pending_train_logs: list[tuple[int, dict[str, float]]] = []
+    # Evals that came due while their program still compiled in the background: (update,
+    # env steps, that update's runner on the host), oldest first. They run once the compile
+    # is done, so the updates go on meanwhile instead of waiting for it; train logs after
+    # them wait for them.
+    deferred_evals: list[tuple[int, int, Any]] = []
+
+    def log_train_up_to(update: float) -> None:
+        while pending_train_logs and pending_train_logs[0][0] <= update:
+            finished, row = pending_train_logs.pop(0)
+            logger.log_train(finished, finished * steps_per_update, row)
 
     def log_baseline_eval(runner: RunnerState, updates_beside: int) -> dict[str, float]:
         """The untrained policy's eval, the baseline every later eval is compared with."""
@@ -189,6 +204,20 @@ def train(
         logger.log_eval(0, 0, metrics)
         baseline_params = None
         return metrics
+
+    def log_deferred_eval(best_value: float | None) -> tuple[dict[str, float], float | None]:
+        """The oldest deferred eval, of the parameters of its update, logged after that
+        update's train logs; a new best saves that update's state, as it would have then."""
+        update, env_steps, host_state = deferred_evals.pop(0)
+        metrics = trainer.evaluate(runner, update, trainer.shard(host_state.policy.params))
+        log_train_up_to(update)
+        logger.log_eval(update, env_steps, metrics)
+        if _improves(metrics.get(config.best_metric), best_value):
+            best_value = metrics[config.best_metric]
+            if distributed.is_writer():
+                checkpoints.save_best(update, host_state, config.to_dict(), metrics)
+            distributed.barrier("checkpoint")
+        return metrics, best_value
 
     if baseline_eval and baseline_params is None:
         eval_metrics = log_baseline_eval(runner, 0)
@@ -228,14 +257,20 @@ def train(
         if stopped and not eval_ready:
             # A stop does not wait for the eval's compile: the checkpoint comes first.
             eval_due = False
-        baseline_due = baseline_params is not None and (
-            eval_ready or eval_due or (is_last and not stopped))
+        if (eval_due and not eval_ready and len(deferred_evals) < MAX_DEFERRED_EVALS
+                and not is_last and not checkpoint_due):
+            host_state = distributed.gather_to_host(runner, trainer.sharding)
+            deferred_evals.append((done, env_steps, host_state))
+            eval_due = False
+        catch_up = eval_ready or eval_due or (is_last and not stopped)
+        baseline_due = baseline_params is not None and catch_up
         if baseline_due:
             eval_metrics = log_baseline_eval(runner, done - start)
-        if baseline_params is None or stopped:
-            for finished, row in pending_train_logs:
-                logger.log_train(finished, finished * steps_per_update, row)
-            pending_train_logs.clear()
+        deferred_due = bool(deferred_evals) and catch_up
+        while deferred_due and deferred_evals:
+            eval_metrics, best_value = log_deferred_eval(best_value)
+        if (baseline_params is None and not deferred_evals) or stopped:
+            log_train_up_to(math.inf)
         new_best = False
         if eval_due:
             eval_metrics = trainer.evaluate(runner, done)
@@ -257,7 +292,7 @@ def train(
             distributed.barrier("checkpoint")  # the others wait here, not in a collective
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
-        if logged or eval_due or checkpoint_due or new_best or baseline_due:
+        if logged or eval_due or checkpoint_due or new_best or baseline_due or deferred_due:
             # Restart the clock after host work, so steps/s measures training only.
             last_log_time, last_log_update = time.perf_counter(), done
         if stopped:

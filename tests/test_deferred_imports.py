@@ -56,8 +56,8 @@ def test_gymnax_comes_up_without_its_plotting_libraries():
     code = textwrap.dedent("""
         import sys
         from terra_rl.gymnax_env import GymnaxBatchEnv
-        loaded = [m for m in ("seaborn", "pandas", "scipy", "matplotlib.pyplot")
-                  if m in sys.modules]
+        plotting = ("seaborn", "pandas", "scipy", "matplotlib", "matplotlib.pyplot")
+        loaded = [m for m in plotting if m in sys.modules]
         assert not loaded, loaded
         env = GymnaxBatchEnv("CartPole-v1", 2)
         assert env.num_actions == 2 and not loaded
@@ -65,6 +65,12 @@ def test_gymnax_comes_up_without_its_plotting_libraries():
         palette = pong.sns.color_palette("husl", 3)  # a renderer's first use loads seaborn
         import seaborn
         assert len(palette) == 3 and pong.sns.color_palette is seaborn.color_palette
+        import matplotlib.colors
+        import matplotlib.pyplot
+        # `import matplotlib.pyplot as plt` and `from matplotlib import colors` of the
+        # deferred package: each stand-in forwards to its own real module.
+        assert pong.colors.to_rgb is matplotlib.colors.to_rgb
+        assert pong.plt.figure is matplotlib.pyplot.figure
         print("ok")
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

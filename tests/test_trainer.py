@@ -327,18 +327,68 @@ def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, caps
     assert trainer.eval_compile_wait_seconds > 0
 
 
-def test_a_stop_does_not_wait_for_the_eval_compile(tiny_trainer, tmp_path):
-    """A stop request while the eval still compiles in the background: the stopped update
-    is logged and checkpointed at once, without the baseline eval or the due one."""
+def test_an_eval_due_while_the_eval_compiles_runs_later_with_the_same_results(
+        tiny_trainer, tmp_path, capsys):
+    """The evals due at updates 1 and 2 come while the eval still compiles: the updates go
+    on, and once the compile is done (here after update 3) the baseline and those evals
+    run, of the parameters they had then. metrics.jsonl and the best checkpoint are those of
+    a run whose eval was compiled before its first update."""
+    config = dataclasses.replace(tiny_trainer.config, log_eval_interval=1,
+                                 checkpoint_interval=0,
+                                 best_metric="eval_sampled/first_episode_return")
     runner = tiny_trainer.init_runner()
     tiny_trainer.compile_update(runner)
-    trainer = dataclasses.replace(tiny_trainer, compiled_eval=None, eval_compile_future=None)
+    tiny_trainer.compile_eval(runner)
+    straight = dataclasses.replace(tiny_trainer, config=config)
+    run_train(straight, tmp_path / "straight")
+
+    deferred = dataclasses.replace(straight, compiled_eval=None, eval_compile_future=None)
+    polls = iter(range(1, 1_000_000))
+    deferred.eval_compiled = lambda: next(polls) >= 4  # done from the poll after update 3 on
+    capsys.readouterr()
+    run_train(deferred, tmp_path / "deferred")
+    assert re.search(r"eval compiled in \d+\.\d s, beside the first 3 updates",
+                     capsys.readouterr().out)
+
+    def records(run: str):
+        return [{k: v for k, v in r.items()
+                 if k != "wall_time" and not k.startswith("performance/")}
+                for r in read_metrics(tmp_path / run / "metrics.jsonl")]
+
+    expected = records("straight")
+    assert [(r["update"], "eval/rewards" in r) for r in expected] == [
+        (0, True), *[(update, is_eval) for update in range(1, 5) for is_eval in (False, True)]]
+    assert records("deferred") == expected
+    stores = [CheckpointStore(tmp_path / run / "checkpoints", best_metric=config.best_metric)
+              for run in ("straight", "deferred")]
+    best_step = stores[0].best_step()
+    assert best_step is not None and stores[1].best_step() == best_step
+    assert stores[1].metrics(best_step) == stores[0].metrics(best_step)
+    target = straight.abstract_runner()
+    states = [store.restore(best_step, target)[0] for store in stores]
+    assert leaves_equal(*states)
+    for store in stores:
+        store.close()
+
+
+@pytest.mark.parametrize("eval_interval", [2, 1])
+def test_a_stop_does_not_wait_for_the_eval_compile(tiny_trainer, tmp_path, eval_interval):
+    """A stop request while the eval still compiles in the background: the stopped update
+    is logged and checkpointed at once, without the baseline eval, the due one or (every
+    update evaluated) the one deferred from update 1."""
+    runner = tiny_trainer.init_runner()
+    tiny_trainer.compile_update(runner)
+    config = dataclasses.replace(tiny_trainer.config, log_eval_interval=eval_interval)
+    trainer = dataclasses.replace(tiny_trainer, config=config, compiled_eval=None,
+                                  eval_compile_future=None)
     trainer.eval_compiled = lambda: False
     result = run_train(trainer, tmp_path, stop_requested=stop_after_polls(3))
     assert result.stopped and result.updates_done == 2
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [(r["update"], "eval/rewards" in r) for r in records] == [(1, False), (2, False)]
-    assert CheckpointStore(tmp_path / "checkpoints").latest_step() == 2
+    store = CheckpointStore(tmp_path / "checkpoints")
+    assert store.latest_step() == 2 and store.best_step() is None
+    store.close()
 
 
 def test_gymnax_cartpole_trains():
