@@ -5,9 +5,9 @@ import runs, and the stand-in imports the real module on its first attribute acc
 gymnax imports `matplotlib.pyplot`, `matplotlib.colors` and `seaborn` (which pulls in pandas
 and scipy) in five environment modules, for their renderers only. The package `matplotlib`
 is deferred with them, since `import matplotlib.pyplot` binds the package first. Deferred,
-they no longer cost every gymnax run 1.3 s of start-up and 0.3 s of exit on the 2-core CPU
-(docs/PERFORMANCE.md), and a renderer still works: its first `plt.` or `sns.` loads the
-real module.
+they no longer cost every gymnax run 1.2 s of start-up and 0.3 s of exit on the 2-core CPU,
+the package 0.1 s more (docs/PERFORMANCE.md), and a renderer still works: its first `plt.`
+or `sns.` loads the real module.
 """
 
 from __future__ import annotations
