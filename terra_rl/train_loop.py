@@ -180,7 +180,7 @@ def train(
     loop_start = time.perf_counter()
     # A wait for the eval's background compile is compile time, not training time.
     waited_before = trainer.eval_compile_wait_seconds
-    # Train logs wait while the baseline eval does (W&B takes steps in order only).
+    # Train logs wait while an eval before them does (W&B takes steps in order only).
     pending_train_logs: list[tuple[int, dict[str, float]]] = []
     # Evals that came due while their program still compiled in the background: (update,
     # env steps, that update's runner on the host), oldest first. They run once the compile
@@ -205,18 +205,20 @@ def train(
         baseline_params = None
         return metrics
 
-    def log_deferred_eval(best_value: float | None) -> tuple[dict[str, float], float | None]:
-        """The oldest deferred eval, of the parameters of its update, logged after that
-        update's train logs; a new best saves that update's state, as it would have then."""
-        update, env_steps, host_state = deferred_evals.pop(0)
-        metrics = trainer.evaluate(runner, update, trainer.shard(host_state.policy.params))
-        log_train_up_to(update)
-        logger.log_eval(update, env_steps, metrics)
-        if _improves(metrics.get(config.best_metric), best_value):
-            best_value = metrics[config.best_metric]
-            if distributed.is_writer():
-                checkpoints.save_best(update, host_state, config.to_dict(), metrics)
-            distributed.barrier("checkpoint")
+    def log_deferred_evals(best_value: float | None) -> tuple[dict[str, float], float | None]:
+        """The deferred evals, oldest first, each of the parameters of its update and logged
+        after that update's train logs; a new best saves that update's state, as it would
+        have then. Returns the last one's metrics and the best value."""
+        while deferred_evals:
+            update, env_steps, host_state = deferred_evals.pop(0)
+            metrics = trainer.evaluate(runner, update, trainer.shard(host_state.policy.params))
+            log_train_up_to(update)
+            logger.log_eval(update, env_steps, metrics)
+            if _improves(metrics.get(config.best_metric), best_value):
+                best_value = metrics[config.best_metric]
+                if distributed.is_writer():
+                    checkpoints.save_best(update, host_state, config.to_dict(), metrics)
+                distributed.barrier("checkpoint")
         return metrics, best_value
 
     if baseline_eval and baseline_params is None:
@@ -267,8 +269,8 @@ def train(
         if baseline_due:
             eval_metrics = log_baseline_eval(runner, done - start)
         deferred_due = bool(deferred_evals) and catch_up
-        while deferred_due and deferred_evals:
-            eval_metrics, best_value = log_deferred_eval(best_value)
+        if deferred_due:
+            eval_metrics, best_value = log_deferred_evals(best_value)
         if (baseline_params is None and not deferred_evals) or stopped:
             log_train_up_to(math.inf)
         new_best = False
