@@ -67,6 +67,10 @@ class PolicyConfig:
     pose_distance: bool = False
     """Add the base actions to work in reach, from the agent and after each base action
     (`terra_rl.pose_distance`; excavation)."""
+    wheeled_agents: bool = True
+    """Whether the observations may hold wheeled excavators. False (a run without them)
+    lets the pose distance search the tracked excavators' states only: the same features
+    for a third of its work."""
     egocentric_radius: int = 0
     """With > 0, add the map around the agent turned to its base heading
     (`terra_rl.egocentric`, a square of 2 * radius + 1 tiles; excavation only)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,8 @@ class TrainedPolicy:
     env: ExcavationEnv
     env_params: EnvParams
     """The run's held-out evaluation pool (`eval_episodes` maps)."""
+    policy: Any
+    """The network (`terra_rl.models`); its pose distance serves either agent type."""
     act: Callable
     """`act(key, obs, sample bool) -> int32 []`: greedy (argmax of the masked logits) or
     sampled action for one unbatched observation."""
@@ -69,7 +72,9 @@ def load_trained_policy(run_dir: str | Path, checkpoint: str = "latest") -> Trai
     env = eval_env.batch_env.env
     example_obs, _ = jax.eval_shape(lambda key: eval_env.reset(key, eval_env.params),
                                     jax.random.PRNGKey(0))
-    policy = make_policy(policy_config(config), eval_env.num_actions, example_obs)
+    # A caller may play either agent type, whatever the run trained.
+    network = dataclasses.replace(policy_config(config), wheeled_agents=True)
+    policy = make_policy(network, eval_env.num_actions, example_obs)
 
     @jax.jit
     def act(key, obs, sample):
@@ -78,7 +83,7 @@ def load_trained_policy(run_dir: str | Path, checkpoint: str = "latest") -> Trai
         greedy = jnp.argmax(logits[0])
         return jnp.where(sample, jax.random.categorical(key, logits[0]), greedy).astype(jnp.int32)
 
-    trained = TrainedPolicy(config, step, env, eval_env.params, act)
+    trained = TrainedPolicy(config, step, env, eval_env.params, policy, act)
     obs, _ = jax.jit(env.reset)(jax.random.PRNGKey(0), trained.env_params)
     try:
         act(jax.random.PRNGKey(0), obs, False)

@@ -71,7 +71,7 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     compute = {
         "compass": lambda: compass(obs),
         "dig_distance": lambda: dig_distance_features(obs, in_reach),
-        "pose_distance": lambda: pose_distance_features(obs, in_reach),
+        "pose_distance": lambda: pose_distance_features(obs, in_reach, config.wheeled_agents),
         "egocentric_view": lambda: egocentric_view(obs, config.egocentric_radius),
     }
     return {key: obs[key] if key in obs else compute[key]()

@@ -16,6 +16,7 @@ parameters; computed from the observation dict once per rollout step
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -62,9 +63,13 @@ def successor_states(config: EnvConfig, agent_state: jax.Array, is_wheeled: jax.
 
 
 @functools.cache
-def _distances_for(map_size: int):
+def _distances_for(map_size: int, wheeled_agents: bool):
     config = EnvConfig(map_size=map_size)
-    distances = reachability.make_move_distances(config, max_distance(map_size))
+    # A tracked excavator drives at wheel angle 0 only: its search never leaves that layer
+    # of the states, so without wheeled ones the search sweeps that layer alone (a third of
+    # the states at the default wheel limit), to the same distances in the same sweeps.
+    search = config if wheeled_agents else dataclasses.replace(config, wheel_angle_limit=0)
+    distances = reachability.make_move_distances(search, max_distance(map_size))
 
     def one_env(action_map, obstacles, goal_positions, agent_state, agent_type):
         is_wheeled = agent_type == A.WHEELED
@@ -74,13 +79,16 @@ def _distances_for(map_size: int):
     return jax.vmap(one_env)
 
 
-def pose_distances(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
+def pose_distances(obs: dict, in_reach: jax.Array | None = None,
+                   wheeled_agents: bool = True) -> jax.Array:
     """int32 [..., 5]: base actions from the agent's own state, then from the state after
     FORWARD, BACKWARD, CLOCK/WHEELS_LEFT and ANTICLOCK/WHEELS_RIGHT, to the nearest state
     with work in the arm's ring; `max_distance(N)` where that is farther, blocked or off
     the map. Uses the env's default geometry and `drivable_soil_height` 1 (the config
     allows this feature with no other). `in_reach` bool [..., N, N]: `work_in_reach(obs)`,
-    where the caller has it already."""
+    where the caller has it already. `wheeled_agents` False promises that every agent in
+    `obs` is tracked: the search then covers the wheel-0 states only, a third of the work
+    (a wheeled agent would get wrong distances)."""
     batch = obs["agent_type"].shape
     size = obs["target_map"].shape[-1]
     flat = {key: obs[key].reshape(-1, *obs[key].shape[len(batch):])
@@ -90,16 +98,19 @@ def pose_distances(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
         goal_positions = work_in_reach(flat)
     else:
         goal_positions = in_reach.reshape(-1, size, size)
-    distances = _distances_for(size)(flat["action_map"], flat["obstacles"], goal_positions,
-                                     flat["agent_state"], flat["agent_type"])
+    distances = _distances_for(size, wheeled_agents)(
+        flat["action_map"], flat["obstacles"], goal_positions, flat["agent_state"],
+        flat["agent_type"])
     return distances.reshape(*batch, 1 + NUM_BASE_ACTIONS)
 
 
-def pose_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
+def pose_distance_features(obs: dict, in_reach: jax.Array | None = None,
+                           wheeled_agents: bool = True) -> jax.Array:
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): from the agent's own
     state, the distance / max and whether work is in reach within the max; then for each
     base action, the same two after it and the change of distance clipped to [-1, 1] (+1
     where the action is blocked or leads out of reach). `in_reach` bool [..., N, N]:
-    `work_in_reach(obs)`, where the caller has it already."""
-    distances = pose_distances(obs, in_reach)
+    `work_in_reach(obs)`, where the caller has it already; `wheeled_agents` as in
+    `pose_distances`."""
+    distances = pose_distances(obs, in_reach, wheeled_agents)
     return distance_features(distances, max_distance(obs["target_map"].shape[-1]))

@@ -291,6 +291,7 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
         compass=config.use_compass,
         dig_distance=config.use_dig_distance,
         pose_distance=config.use_pose_distance,
+        wheeled_agents=config.wheeled_fraction > 0,
         egocentric_radius=config.egocentric_radius,
         map_pool=config.map_pool,
         image_encoder=config.image_encoder,

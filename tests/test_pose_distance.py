@@ -5,12 +5,17 @@ recurrence holds), hand-built maps with a known answer, and the policy input."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from envs import actions as A
+from terra_rl.config import get_preset
 from terra_rl.dig_distance import dig_distance_features, work_in_reach
 from terra_rl.models import ExcavationPolicy, PolicyConfig
 from terra_rl.parameters import count_parameters
@@ -21,6 +26,7 @@ from terra_rl.pose_distance import (
     pose_distance_features,
     pose_distances,
 )
+from terra_rl.trainer import policy_config
 from terra_rl.validation import small
 from tests.hand_built_obs import SIZE, hand_built_obs
 
@@ -33,7 +39,8 @@ WALK_MAPS = 8
 def walk(env16, params16):
     """Random walks with the env's valid base actions on 8 maps, tracked and wheeled: per
     step the distances [16, 5] before it, the valid base actions [16, 4], the action [16],
-    the distances [16, 5] after it and whether work is in reach at the position [16]."""
+    the distances [16, 5] after it, whether work is in reach at the position [16], and the
+    tracked walks' distances [8, 5] before it from the search over tracked states only."""
     agent_types = jnp.repeat(jnp.array([A.TRACKED, A.WHEELED]), WALK_MAPS)
     map_indices = jnp.tile(jnp.arange(WALK_MAPS), 2)
     keys = jax.random.split(jax.random.PRNGKey(3), 2 * WALK_MAPS)
@@ -55,7 +62,9 @@ def walk(env16, params16):
         after = pose_distances(observe(moved))
         rows, cols = obs["agent_state"][:, 0], obs["agent_state"][:, 1]
         in_reach = work_in_reach(obs)[jnp.arange(rows.shape[0]), rows, cols]
-        return moved, (before, valid, action, after, in_reach)
+        tracked = jax.tree.map(lambda x: x[:WALK_MAPS], obs)
+        tracked_only = pose_distances(tracked, wheeled_agents=False)
+        return moved, (before, valid, action, after, in_reach, tracked_only)
 
     run = jax.jit(lambda s, k: jax.lax.scan(one_step, s, jax.random.split(k, WALK_STEPS)))
     _, out = run(states, jax.random.PRNGKey(4))
@@ -63,7 +72,7 @@ def walk(env16, params16):
 
 
 def test_the_distance_after_an_action_is_the_distance_where_it_leads(walk):
-    before, valid, action, after, _ = walk
+    before, valid, action, after, *_ = walk
     took = valid[np.arange(len(action)), action]
     assert took.sum() > 500  # the walks do move
     predicted = before[np.arange(len(action)), 1 + action]
@@ -71,7 +80,7 @@ def test_the_distance_after_an_action_is_the_distance_where_it_leads(walk):
 
 
 def test_blocked_actions_read_far_and_open_ones_stay_in_reach(walk):
-    before, valid, _, _, _ = walk
+    before, valid, *_ = walk
     assert np.all(before[:, 1:][~valid] == FAR)
     in_reach = (before[:, :1] < FAR) & valid
     assert np.all(before[:, 1:][in_reach] < FAR)  # every action has its inverse
@@ -79,12 +88,54 @@ def test_blocked_actions_read_far_and_open_ones_stay_in_reach(walk):
 
 
 def test_distance_is_one_more_than_the_nearest_next_state(walk):
-    before, _, _, _, in_reach = walk
+    before, _, _, _, in_reach, _ = walk
     own, nearest = before[:, 0], before[:, 1:].min(axis=-1)
     positive = (own > 0) & (own < FAR)
     assert positive.sum() > 200 and (own == 0).sum() > 50
     np.testing.assert_array_equal(own[positive], nearest[positive] + 1)
     np.testing.assert_array_equal(own == 0, in_reach)  # zero exactly where the arm reaches work
+
+
+def test_without_wheeled_agents_the_search_covers_a_third_of_the_states(walk, env16, params16):
+    """`wheeled_agents=False` (a run without wheeled excavators) searches the wheel-0 states
+    only, one layer of the three, and gives the tracked walks the full search's distances."""
+    before, *_, tracked_only = walk
+    full = before.reshape(WALK_STEPS, 2 * WALK_MAPS, -1)[:, :WALK_MAPS].reshape(-1, 5)
+    np.testing.assert_array_equal(tracked_only, full)
+    assert len(np.unique(full)) > 5 and (full == FAR).any()  # near, far and blocked
+
+    keys, types = jax.random.split(jax.random.PRNGKey(0), 2), jnp.array([A.TRACKED] * 2)
+    obs = jax.eval_shape(jax.vmap(env16.reset, in_axes=(0, None, 0, 0)), keys, params16, types,
+                         jnp.arange(2))[0]
+    layers = {wheeled: _search_layers(
+        functools.partial(pose_distances, wheeled_agents=wheeled), obs)
+        for wheeled in (True, False)}
+    assert layers == {True: 2 * env16.config.wheel_angle_limit + 1, False: 1}
+
+
+def test_runs_without_wheeled_excavators_search_tracked_states_only():
+    assert not policy_config(get_preset("cpu_demo")).wheeled_agents  # wheeled_fraction 0
+    assert policy_config(get_preset("cpu_small_maps")).wheeled_agents  # half wheeled
+    assert policy_config(dataclasses.replace(get_preset("cpu_demo"),
+                                             wheeled_fraction=0.01)).wheeled_agents
+
+
+def _search_layers(fn, obs) -> int:
+    """The wheel layers of the breadth-first search's packed reach [B, layers, 12, N, words]
+    carried by the while loop in `fn`'s jaxpr."""
+    shapes = []
+
+    def visit(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "while":
+                shapes.extend(v.aval.shape for v in eqn.outvars
+                              if v.aval.dtype == jnp.uint32 and v.aval.ndim == 5)
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                visit(sub)
+
+    visit(jax.make_jaxpr(fn)(obs).jaxpr)
+    assert len(shapes) == 1, shapes
+    return shapes[0][1]
 
 
 features_jit = jax.jit(pose_distance_features)

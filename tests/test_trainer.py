@@ -31,8 +31,9 @@ from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
+from terra_rl.playback import load_trained_policy
 from terra_rl.train_loop import TrainResult, train
-from terra_rl.trainer import INIT_COMPILER_OPTIONS, build_trainer
+from terra_rl.trainer import INIT_COMPILER_OPTIONS, build_trainer, policy_config
 from terra_rl.validation.small import SMOKE_FIELDS
 from terra_rl.warm_start import WarmStartError, load_init_params
 
@@ -684,6 +685,11 @@ def test_play_episode_from_a_trained_checkpoint(tiny_cli_run, tmp_path, capsys, 
         err = capsys.readouterr().err.strip().splitlines()
         assert stopped.value.code == 2 and len(err) == 1 and phrase in err[0], (name, err)
     assert not (tmp_path / "x.gif").exists()
+
+    # The run has no wheeled excavators, but a caller may play one (--agent-type wheeled).
+    trained = load_trained_policy(run_dir)
+    assert not policy_config(trained.config).wheeled_agents
+    assert trained.policy.config.wheeled_agents
 
 
 def test_diagnose_failures_judges_every_held_out_episode(tiny_cli_run, tmp_path, capsys):
