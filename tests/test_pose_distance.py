@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from envs import actions as A
+from envs.config import EnvConfig
 from terra_rl.config import get_preset
 from terra_rl.dig_distance import dig_distance_features, work_in_reach
 from terra_rl.models import ExcavationPolicy, PolicyConfig
@@ -110,7 +111,7 @@ def test_without_wheeled_agents_the_search_covers_a_third_of_the_states(walk, en
     layers = {wheeled: _search_layers(
         functools.partial(pose_distances, wheeled_agents=wheeled), obs)
         for wheeled in (True, False)}
-    assert layers == {True: 2 * env16.config.wheel_angle_limit + 1, False: 1}
+    assert layers == {True: 2 * EnvConfig().wheel_angle_limit + 1, False: 1}  # its geometry
 
 
 def test_runs_without_wheeled_excavators_search_tracked_states_only():
