@@ -31,7 +31,6 @@ from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
-from terra_rl.playback import load_trained_policy
 from terra_rl.train_loop import TrainResult, train
 from terra_rl.trainer import INIT_COMPILER_OPTIONS, build_trainer, policy_config
 from terra_rl.validation.small import SMOKE_FIELDS
@@ -653,6 +652,10 @@ def test_play_episode_from_a_trained_checkpoint(tiny_cli_run, tmp_path, capsys, 
     checkpoints chosen by name; a run without checkpoints or of another env is refused."""
     run_dir = tiny_cli_run[0]
     play = load_script("play_episode")
+    played = []
+    load = play.load_trained_policy
+    monkeypatch.setattr(play, "load_trained_policy",
+                        lambda *args: played.append(load(*args)) or played[-1])
     # The second run dir is relative to the working directory, as a user types it.
     monkeypatch.chdir(run_dir.parent)
     for step, sample, where in (("latest", False, str(run_dir)), ("2", True, run_dir.name)):
@@ -687,9 +690,8 @@ def test_play_episode_from_a_trained_checkpoint(tiny_cli_run, tmp_path, capsys, 
     assert not (tmp_path / "x.gif").exists()
 
     # The run has no wheeled excavators, but a caller may play one (--agent-type wheeled).
-    trained = load_trained_policy(run_dir)
-    assert not policy_config(trained.config).wheeled_agents
-    assert trained.policy.config.wheeled_agents
+    assert played and not policy_config(played[0].config).wheeled_agents
+    assert all(trained.policy.config.wheeled_agents for trained in played)
 
 
 def test_diagnose_failures_judges_every_held_out_episode(tiny_cli_run, tmp_path, capsys):
