@@ -7,6 +7,7 @@ numeric checks share one compiled init + gradients function per configuration.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -338,8 +339,9 @@ def test_stored_derived_features_give_the_same_outputs(obs4):
     model = ExcavationPolicy(config, NUM_ACTIONS)
     derived = with_derived_features(model, obs4)
     added = {key: derived[key].shape for key in set(derived) - set(obs4)}
+    size = obs4["target_map"].shape[-1]
     assert added == {"compass": (4, 240), "dig_distance": (4, 38),
-                     "egocentric_view": (4, 5, 5, 4)}
+                     "egocentric_view": (4, 5, 5, 4), "map_input": (4, size, size, 8)}
     assert all(derived[key].dtype == jnp.float32 for key in added)
     variables = model.init(jax.random.PRNGKey(0), obs4)
     apply = jax.jit(model.apply)
@@ -351,6 +353,9 @@ def test_stored_derived_features_give_the_same_outputs(obs4):
         changed = dict(derived, **{key: derived[key] + 1.0})
         assert not np.allclose(apply(variables, changed)[0], logits), key
     assert with_derived_features(GymnaxMLPPolicy(3), obs4["agent_state"]) is obs4["agent_state"]
+    # A convolutional encoder's map input is recomputed in each pass, never stored.
+    cnn = ExcavationPolicy(dataclasses.replace(config, map_encoder="atari"), NUM_ACTIONS)
+    assert "map_input" not in with_derived_features(cnn, obs4)
 
 
 @pytest.mark.parametrize(
