@@ -4,9 +4,10 @@
     .venv/bin/python scripts/profile_rollout_components.py --config solo_excavator \
         --num_devices 1 --num_envs_per_device 64 --map_size 32 --precision float32 --json p.json
 
-Takes `train_mixed.py`'s preset and flags, plus `--repeats N` (timed calls per section,
-median reported), `--json PATH` (one object per section: name, seconds, calls_per_update,
-seconds_per_update, steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
+Takes `train_mixed.py`'s preset and flags, plus `--repeats N` (rounds, each timing every
+section once, so a drifting machine moves all sections alike; the median is reported),
+`--json PATH` (one object per section: name, seconds, calls_per_update, seconds_per_update,
+steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
 full updates, for TensorBoard or Perfetto, with the compiled update's HLO as
 `update.hlo.txt`: `scripts/trace_top_ops.py DIR` names the ops that take the time).
 Sections: see `terra_rl/profiling.py`. Bad input exits 2 with one line.

@@ -44,6 +44,20 @@ def time_repeated(call: Callable[[], Any], repeats: int) -> Timing:
     return Timing(tuple(time_once(call)[0] for _ in range(repeats)))
 
 
+def time_in_rounds(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Wall seconds of each call, `rounds` times, in rounds: every call once a round, in the
+    dict's order. On a machine whose speed drifts over minutes, the calls then see the same
+    drift, where timing one call's repeats after another's would give the drift to whichever
+    came last. Warm the calls up (compile) first."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name].append(time_once(call)[0])
+    return samples
+
+
 def runtime_info() -> dict[str, Any]:
     """Where a benchmark ran: date, versions, JAX backend and device, host CPUs."""
     device = jax.devices()[0]

@@ -19,7 +19,8 @@ the trainer's pmapped update on `num_devices`):
     host_overhead       what the host loop adds per update when it logs a dispatch's
                         metrics (metrics to host)
 
-Each section reports `seconds` (one call, median of the repeats), `calls_per_update`,
+The sections are timed in rounds, each once a round, `repeats` rounds. Each section reports
+`seconds` (one call, median of the rounds), `calls_per_update`,
 `seconds_per_update` and `steps_per_second` = env steps per update / seconds per update, so
 sections compare on one scale: the update cannot be faster than its slowest part.
 """
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,7 +39,7 @@ import numpy as np
 import optax
 
 from terra_rl import ppo
-from terra_rl.benchmarking import time_repeated
+from terra_rl.benchmarking import time_in_rounds
 from terra_rl.config import TrainConfig
 from terra_rl.device_metrics import fetch_metrics, metrics_row
 from terra_rl.models import with_derived_features
@@ -149,19 +152,27 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
             minibatch_steps),
         "optimizer_apply": (lambda: apply(grads, opt_state, params), minibatch_steps),
     }
-    sections = []
-    for name, (call, calls) in timed.items():
+    timed |= _update_calls(trainer, runner)
+    for call, _ in timed.values():
         jax.block_until_ready(call())  # compile and warm up
-        seconds = time_repeated(call, repeats).median
-        sections.append(Section(name, seconds, calls, per_update))
-    sections += _update_sections(trainer, runner, repeats, per_update)
-    return sections
+    samples = time_in_rounds({name: call for name, (call, _) in timed.items()}, repeats)
+    count = trainer.config.updates_per_dispatch
+    seconds = {name: statistics.median(times) for name, times in samples.items()}
+    host = statistics.median(logged - full for logged, full in
+                             zip(samples["logged_dispatch"], samples["full_update"], strict=True))
+    sections = [Section(name, seconds[name], calls, per_update)
+                for name, (_, calls) in timed.items() if name not in _DISPATCHES]
+    return sections + [Section("full_update", seconds["full_update"] / count, 1, per_update),
+                       Section("host_overhead", max(host / count, 1e-9), 1, per_update)]
 
 
-def _update_sections(trainer: Trainer, runner, repeats: int, per_update: int) -> list[Section]:
+_DISPATCHES = ("full_update", "logged_dispatch")
+
+
+def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any], int]]:
     """The trainer's compiled update as the trainer dispatches it, `updates_per_dispatch` at a
-    time, timed per update: alone, and with the host transfer of the dispatch's metrics (what
-    the host loop does at every log)."""
+    time: alone ("full_update"), and with the host transfer of the dispatch's metrics, what
+    the host loop does at every log ("logged_dispatch"). Each call runs one dispatch."""
     count = trainer.config.updates_per_dispatch
     state = {"runner": runner}
 
@@ -172,11 +183,7 @@ def _update_sections(trainer: Trainer, runner, repeats: int, per_update: int) ->
     def logged_dispatch():
         return metrics_row(fetch_metrics(one_dispatch()), count - 1)
 
-    jax.block_until_ready(one_dispatch())
-    full = time_repeated(one_dispatch, repeats).median / count
-    logged = time_repeated(logged_dispatch, repeats).median / count
-    return [Section("full_update", full, 1, per_update),
-            Section("host_overhead", max(logged - full, 1e-9), 1, per_update)]
+    return {"full_update": (one_dispatch, 1), "logged_dispatch": (logged_dispatch, 1)}
 
 
 def format_table(sections: list[Section]) -> str:
