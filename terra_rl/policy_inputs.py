@@ -76,12 +76,13 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     A key already in `obs` is taken from it, not computed again. The dig and pose distances
     lead to the same goals (`work_in_reach`), computed once for both.
 
-    The map input is stored only for the flat encoder, whose small maps make it 8 KB a
-    sample (16x16, or 32x32 pooled by 2); building it took 11% of `cpu_demo`'s update when
-    each gradient pass redid it. The convolutional encoders, meant for large maps, recompute
-    it rather than store 128 KB a sample at 64x64."""
+    The map input is stored only for the flat encoder on XLA:CPU. There its small maps make it
+    8 KB a sample (16x16, or 32x32 pooled by 2), and building it again in each gradient pass
+    took 8.5% of `cpu_demo`'s update. The convolutional encoders, meant for large maps, and
+    every encoder on a GPU, where memory is what runs out and the build is cheap, recompute
+    it: a 64x64 map would take 128 KB a sample."""
     enabled = {
-        "map_input": config.map_encoder == "flat",
+        "map_input": config.map_encoder == "flat" and jax.default_backend() == "cpu",
         "compass": config.compass,
         "dig_distance": config.dig_distance,
         "pose_distance": config.pose_distance,

@@ -339,7 +339,7 @@ def test_stored_derived_features_give_the_same_outputs(obs4):
     model = ExcavationPolicy(config, NUM_ACTIONS)
     derived = with_derived_features(model, obs4)
     added = {key: derived[key].shape for key in set(derived) - set(obs4)}
-    size = obs4["target_map"].shape[-1]
+    size = obs4["target_map"].shape[-1]  # the flat encoder's input: stored on CPU, as here
     assert added == {"compass": (4, 240), "dig_distance": (4, 38),
                      "egocentric_view": (4, 5, 5, 4), "map_input": (4, size, size, 8)}
     assert all(derived[key].dtype == jnp.float32 for key in added)
