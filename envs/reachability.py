@@ -112,31 +112,24 @@ def make_moves(moves, num_maps: int, n: int):
     y[d] = the OR over the moves (source s, destination d, dr, dc) into d of x[s] moved by
     (dr, dc) (`moved`; static ints, |dc| < 32).
 
-    The moves are sorted by offset, so each distinct offset costs one `moved` over all the
-    maps it moves (one gather picks them, one more gathers each destination's arrivals):
-    a few dozen ops for a search's hundreds of moves. One `moved` per move made the cut-off
-    rule's and the pose distance's compiles grow with every move (docs/PERFORMANCE.md)."""
+    One `moved` per move, each destination's arrivals ORed and the destinations stacked:
+    XLA fuses a sweep into a few loops. The moves grouped by offset (a gather to pick the
+    maps, one `moved` per distinct offset, a gather to collect each destination's
+    arrivals) compiled faster when the pose distance searched 13 wheel angles, but each
+    sweep ran some twenty kernels, and the env's step took twice as long
+    (docs/PERFORMANCE.md)."""
     moves = np.asarray(moves, np.int64).reshape(-1, 4)
-    count = len(moves)
-    distinct, group = np.unique(moves[:, 2:], axis=0, return_inverse=True)
-    group = group.ravel()
-    order = np.argsort(group, kind="stable")
-    bounds = np.searchsorted(group[order], np.arange(len(distinct) + 1))
-    slot = np.empty(count, np.int64)  # where each move lands in the sorted order
-    slot[order] = np.arange(count)
-    arriving = [slot[moves[:, 1] == d].tolist() for d in range(num_maps)]
-    width = max(len(slots) for slots in arriving)
-    # Padded with `count`: the all-zero map appended after the moved ones.
-    arrivals = np.array([slots + [count] * (width - len(slots)) for slots in arriving])
-    sources = moves[order, 0]
+    arrivals = [[(int(s), int(dr), int(dc)) for s, d, dr, dc in moves if d == destination]
+                for destination in range(num_maps)]
 
     def apply(x):
-        picked = x[..., sources, :, :]
-        shifted = [moved(picked[..., start:end, :, :], int(dr), int(dc), n)
-                   for (dr, dc), start, end in zip(distinct, bounds[:-1], bounds[1:], strict=True)]
-        shifted = jnp.concatenate([*shifted, jnp.zeros_like(picked[..., :1, :, :])], axis=-3)
-        return jax.lax.reduce(shifted[..., arrivals, :, :], jnp.uint32(0), jax.lax.bitwise_or,
-                              (x.ndim - 2,))
+        def arrived(moves_in):
+            if not moves_in:
+                return jnp.zeros_like(x[..., 0, :, :])
+            return functools.reduce(jnp.bitwise_or, [moved(x[..., s, :, :], dr, dc, n)
+                                                     for s, dr, dc in moves_in])
+
+        return jnp.stack([arrived(moves_in) for moves_in in arrivals], axis=-3)
 
     return apply
 

@@ -101,11 +101,16 @@ def work_in_reach(obs: dict) -> jax.Array:
 
 
 def _ring_cover(tiles: jax.Array) -> jax.Array:
-    """bool [..., N, N]: the positions whose arm ring covers any of `tiles` bool [..., N, N]."""
-    covered = jnp.zeros_like(tiles)
-    for dr, dc in ring_offsets(tiles.shape[-1]):
-        covered = covered | _shift(tiles, dr, dc, False)
-    return covered
+    """bool [..., N, N]: the positions whose arm ring covers any of `tiles` bool [..., N, N].
+
+    On maps packed 32 tiles to a word (`envs.reachability.pack`): the ring has 60 tiles at
+    32x32, and one shift of a packed map moves a whole row in a word operation."""
+    size = tiles.shape[-1]
+    packed = reachability.pack(tiles)
+    covered = functools.reduce(
+        jnp.bitwise_or,
+        [reachability.moved(packed, -dr, -dc, size) for dr, dc in ring_offsets(size)])
+    return reachability.unpack(covered, size)
 
 
 def work_tiles(target: jax.Array, action: jax.Array, refused: jax.Array | None = None

@@ -18,6 +18,7 @@ from terra_rl.compass import (
     NUM_DISTANCE_BINS,
     NUM_FEATURES,
     NUM_SECTORS,
+    bins_from_offsets,
     compass,
     compass_bins,
 )
@@ -46,6 +47,28 @@ def _counts(obs) -> np.ndarray:
 def test_sector_is_the_direction_in_the_base_frame(heading, tile, sector):
     bins = np.asarray(compass_bins(jnp.array([8, 8, heading, 0, 0, 0]), SIZE))
     assert divmod(int(bins[tile]), NUM_DISTANCE_BINS) == (sector, 2)  # 4 tiles: bin [3, 5)
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_bins_cut_from_the_table_equal_the_formula_at_every_pose(size):
+    """`compass_bins` cuts each agent's bins from one table of offsets: at every (row, col,
+    heading) of the map, the same bins as the angles and distances computed for that agent."""
+    rows, cols, headings = np.meshgrid(np.arange(size), np.arange(size),
+                                       np.arange(NUM_SECTORS), indexing="ij")
+    agents = np.stack([rows, cols, headings] + [np.zeros_like(rows)] * 3, axis=-1)
+    agents = jnp.asarray(agents.reshape(-1, 6), jnp.int32)
+    cells = jnp.arange(size, dtype=jnp.float32)
+
+    def direct(agent):
+        rel_r = cells[:, None] - agent[..., 0, None, None].astype(jnp.float32)
+        rel_c = cells[None, :] - agent[..., 1, None, None].astype(jnp.float32)
+        return bins_from_offsets(rel_r, rel_c, agent[..., 2, None, None], size)
+
+    got = np.asarray(jax.jit(lambda a: compass_bins(a, size))(agents))
+    expected = np.asarray(jax.jit(direct)(agents))
+    assert got.shape == (size * size * NUM_SECTORS, size, size) and got.dtype == np.int32
+    np.testing.assert_array_equal(got, expected)
+    assert len(np.unique(got)) == NUM_SECTORS * NUM_DISTANCE_BINS
 
 
 def test_distance_bins_grow_with_distance_and_scale_with_the_map():

@@ -130,6 +130,25 @@ def test_the_packed_search_gives_the_field_at_its_query_tiles(size):
     assert np.any((expected > 1) & (expected < far))
 
 
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_the_packed_ring_cover_equals_a_plain_one(size):
+    """`work_in_reach` dilates the work tiles by the arm's ring on packed maps: the same
+    positions as ORing the plain shifted maps, one per ring offset, near the edges too."""
+    from terra_rl.dig_distance import _ring_cover, ring_offsets
+
+    tiles = np.random.default_rng(size).random((3, size, size)) < 0.02
+    tiles[0, 0, 0] = tiles[0, -1, -1] = tiles[1, 0, -1] = True
+    expected = np.zeros_like(tiles)
+    for dr, dc in ring_offsets(size):  # position (r, c) covers the tile (r + dr, c + dc)
+        rows = slice(max(-dr, 0), size - max(dr, 0))
+        cols = slice(max(-dc, 0), size - max(dc, 0))
+        expected[:, rows, cols] |= tiles[:, max(dr, 0):size + min(dr, 0),
+                                         max(dc, 0):size + min(dc, 0)]
+    got = np.asarray(jax.jit(_ring_cover)(jnp.asarray(tiles)))
+    assert got.dtype == bool and got.shape == tiles.shape
+    assert (got == expected).all() and expected.any() and not expected.all()
+
+
 def test_a_wall_forces_a_detour_and_blocked_tiles_are_far():
     target = np.zeros((N, N), np.int8)
     target[8, 14] = -1

@@ -28,7 +28,7 @@ from terra_rl.models import (
     with_derived_features,
 )
 from terra_rl.parameters import count_parameters, parameter_groups
-from terra_rl.policy_inputs import map_channels, pool_tiles
+from terra_rl.policy_inputs import map_channels, map_input, pool_tiles
 from terra_rl.validation import references, small
 
 NUM_ACTIONS = A.NUM_ACTIONS
@@ -177,16 +177,34 @@ def test_flat_encoder_has_no_convolution(obs4, precision):
 
 
 def test_map_pool_averages_blocks_of_tiles(obs4):
-    maps = jnp.arange(2 * 4 * 4 * 3, dtype=jnp.float32).reshape(2, 4, 4, 3)
+    maps = jnp.arange(2 * 3 * 4 * 4, dtype=jnp.float32).reshape(2, 3, 4, 4)
     pooled = np.asarray(pool_tiles(maps, 2))
-    assert pooled.shape == (2, 2, 2, 3)
-    np.testing.assert_allclose(pooled[1, 0, 1], np.asarray(maps[1, 0:2, 2:4]).mean(axis=(0, 1)))
+    assert pooled.shape == (2, 3, 2, 2) and pooled.dtype == np.float32
+    np.testing.assert_allclose(pooled[1, 2, 0, 1], np.asarray(maps[1, 2, 0:2, 2:4]).mean())
     assert pool_tiles(maps, 1) is maps
     with pytest.raises(ValueError, match="must divide the map size"):
         pool_tiles(maps, 3)
     model = ExcavationPolicy(PolicyConfig(map_encoder="flat", map_pool=2, **SMALL), NUM_ACTIONS)
     params = _abstract_params(model, obs4)
     assert params["encoder"]["map_encoder"]["Dense_0"]["kernel"].shape == (8 * 8 * 8, 32)
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_pooled_layers_equal_the_pooled_channels_bit_for_bit(obs4, factor):
+    """The map input pools each layer apart (`map_layers`): the same bits as pooling the
+    stacked channels with a mean over reshaped block axes, log1p layers included."""
+    rng = np.random.default_rng(factor)
+    obs = dict(obs4, action_map=jnp.asarray(rng.integers(-3, 4, obs4["action_map"].shape),
+                                            obs4["action_map"].dtype))
+    channels = map_channels(obs)
+    batch, size, _, depth = channels.shape
+    blocks = channels.reshape(batch, size // factor, factor, size // factor, factor, depth)
+    expected = np.asarray(blocks.mean(axis=(2, 4)))
+    got = np.asarray(map_input(obs, factor))
+    assert got.shape == (batch, size // factor, size // factor, 8) and got.dtype == np.float32
+    np.testing.assert_array_equal(got[..., :depth].view(np.uint32), expected.view(np.uint32))
+    assert not got[..., depth:].any()
+    assert np.any((expected[..., 2] % 1) != 0)  # the log1p layer is not whole numbers
 
 
 def assert_heads_float32_rest_in(ops, precision: str) -> None:
