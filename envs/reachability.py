@@ -113,11 +113,11 @@ def make_moves(moves, num_maps: int, n: int):
     (dr, dc) (`moved`; static ints, |dc| < 32).
 
     One `moved` per move, each destination's arrivals ORed and the destinations stacked:
-    XLA fuses a sweep into a few loops. The moves grouped by offset (a gather to pick the
-    maps, one `moved` per distinct offset, a gather to collect each destination's
-    arrivals) compiled faster when the pose distance searched 13 wheel angles, but each
-    sweep ran some twenty kernels, and the env's step took twice as long
-    (docs/PERFORMANCE.md)."""
+    XLA fuses each destination's arrivals into one loop over slices of x, with no gather.
+    The moves grouped by offset (a gather to pick the maps, one `moved` per distinct
+    offset, a gather to collect each destination's arrivals) compiled faster when the pose
+    distance searched 13 wheel angles, but XLA:CPU's gathers and the buffer between them
+    made the env's step take twice as long (docs/PERFORMANCE.md)."""
     moves = np.asarray(moves, np.int64).reshape(-1, 4)
     arrivals = [[(int(s), int(dr), int(dc)) for s, d, dr, dc in moves if d == destination]
                 for destination in range(num_maps)]
