@@ -3,6 +3,8 @@ entropy schedule and the optimizer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -110,12 +112,51 @@ def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
     return optax.cosine_decay_schedule(config.lr, steps, alpha=config.lr_end / config.lr)
 
 
+ADAM_B1, ADAM_B2, ADAM_EPS = 0.9, 0.999, 1e-5
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """Global-norm clipping, then Adam (eps 1e-5) at `learning_rate(config)`."""
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(learning_rate(config), eps=1e-5),
+        optax.adam(learning_rate(config), b1=ADAM_B1, b2=ADAM_B2, eps=ADAM_EPS),
     )
+
+
+def make_optimizer_step(config: TrainConfig) -> Callable:
+    """`step(params, opt_state, grads, finite bool []) -> (params, opt_state)`: one step of
+    `make_optimizer(config)` where `finite`, the inputs unchanged where not (a skipped step).
+
+    The same values as `optimizer.update`, `optax.apply_updates` and a select between new
+    and old, computed in another order: the state is selected first and Adam's step is
+    taken from the selected moments (the new ones when the step is kept). Selecting the
+    parameters after optax's update made XLA recompute the new moments inside the
+    parameters' kernel, from the old moments, so it copied every moment buffer once per
+    minibatch (3.2 MB a minibatch for `cpu_demo`'s policy); here each buffer is updated
+    in place (docs/PERFORMANCE.md, "The skip without copies")."""
+    optimizer = make_optimizer(config)
+    schedule = learning_rate(config)
+
+    def step(params, opt_state, grads, finite):
+        _, stepped = optimizer.update(grads, opt_state, params)
+        keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        opt_state_out = jax.tree.map(keep_old, stepped, opt_state)
+        _, (adam, _) = opt_state_out
+        _, (_, lr_state) = opt_state
+        # optax.adam's update from its new moments and count, then its learning-rate
+        # scaling (a schedule is read at the count before the step), in optax's order.
+        mu_hat = optax.tree.bias_correction(adam.mu, ADAM_B1, adam.count)
+        nu_hat = optax.tree.bias_correction(adam.nu, ADAM_B2, adam.count)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v + 0.0) + ADAM_EPS), mu_hat, nu_hat)
+        if callable(schedule):
+            step_size = -1 * schedule(lr_state.count)
+            updates = jax.tree.map(lambda u: jnp.array(step_size, dtype=u.dtype) * u, updates)
+        else:
+            updates = jax.tree.map(lambda u: -schedule * u, updates)
+        stepped_params = optax.apply_updates(params, updates)
+        return jax.tree.map(keep_old, stepped_params, params), opt_state_out
+
+    return step
 
 
 def learning_rate_at(config: TrainConfig, update: jax.Array) -> jax.Array:

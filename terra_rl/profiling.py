@@ -13,7 +13,7 @@ the trainer's pmapped update on `num_devices`):
     gae                 GAE over the rollout's [num_steps, num_envs] arrays
     minibatch_gradient  one minibatch's PPO loss and gradient (the observations carry their
                         parameter-free features, as the trainer stores them)
-    optimizer_apply     one optimizer step (optax update + apply)
+    optimizer_apply     one optimizer step (`ppo.make_optimizer_step`: optax's update, the skip)
     full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches,
                         timed over one dispatch of `updates_per_dispatch` updates
     host_overhead       what the host loop adds per update when it logs a dispatch's
@@ -36,7 +36,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from terra_rl import ppo
 from terra_rl.benchmarking import time_in_rounds
@@ -132,13 +131,12 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
              "log_prob": jnp.full((minibatch,), -2.0), "value": jnp.zeros((minibatch,)),
              "advantage": jnp.linspace(-1.0, 1.0, minibatch), "return": jnp.ones((minibatch,))}
     _, grads = loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0))
-    optimizer = ppo.make_optimizer(config)
-    opt_state = optimizer.init(params)
+    opt_state = ppo.make_optimizer(config).init(params)
+    optimizer_step = ppo.make_optimizer_step(config)
 
     @jax.jit
     def apply(grads, opt_state, params):
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
+        return optimizer_step(params, opt_state, grads, jnp.bool_(True))
 
     key = jax.random.PRNGKey(3)
     minibatch_steps = config.update_epochs * config.num_minibatches

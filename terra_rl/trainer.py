@@ -320,7 +320,7 @@ def build_trainer(config: TrainConfig) -> Trainer:
         eval_env=eval_env,
         policy=policy,
         init_fn=make_init_fn(config, train_env, policy, optimizer),
-        update_fn=make_update_fn(config, train_env, policy, optimizer, trace_counts),
+        update_fn=make_update_fn(config, train_env, policy, trace_counts),
         eval_fn=make_eval_fn(config, eval_env, policy, trace_counts),
         env_params=None,
         trace_counts=trace_counts,

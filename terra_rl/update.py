@@ -189,7 +189,7 @@ def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
     return jax.tree.map(split, batch)
 
 
-def make_update_fn(config: TrainConfig, env, policy, optimizer,
+def make_update_fn(config: TrainConfig, env, policy,
                    trace_counts: collections.Counter | None = None) -> Callable:
     """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
     runner state. Metrics are float32 scalars, identical on every device. With
@@ -246,6 +246,7 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         return (params, env_state, next_obs, rng, counters), (transition, episodes)
 
     loss_and_grads = make_loss_and_grads(config, policy)
+    optimizer_step = ppo.make_optimizer_step(config)
     dynamic_scale = loss_scaling.is_dynamic(config.precision)
 
     def minibatch_update(carry, batch):
@@ -258,13 +259,9 @@ def make_update_fn(config: TrainConfig, env, policy, optimizer,
         # A NaN or inf in the averaged gradients makes their norm non-finite (so does a norm
         # past float32's range, which no clip can scale). Every device decides alike.
         finite = jnp.isfinite(global_norm)
-        updates, opt_state = optimizer.update(grads, policy_state.opt_state, policy_state.params)
-        params = optax.apply_updates(policy_state.params, updates)
-        keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-        new_state = PolicyState(
-            params=jax.tree.map(keep_old, params, policy_state.params),
-            opt_state=jax.tree.map(keep_old, opt_state, policy_state.opt_state),
-        )
+        params, opt_state = optimizer_step(policy_state.params, policy_state.opt_state,
+                                           grads, finite)
+        new_state = PolicyState(params=params, opt_state=opt_state)
         norms = {f"grad_norm/{name}": norm for name, norm in norms.items()}
         metrics = dict(metrics, grad_norm=global_norm, finite=finite, **norms)
         loss_scale = loss_scaling.next_loss_scale(loss_scale, finite, dynamic_scale)

@@ -9,6 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from terra_rl import ppo
@@ -115,3 +116,45 @@ def test_minibatches_are_shuffled_single_transitions():
     # Another key, another order.
     other = np.asarray(shuffled_minibatches(batch, jax.random.PRNGKey(1), minibatches)["id"])
     assert not np.array_equal(other, got)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_optimizer_step_equals_optax_update_and_skips_bit_for_bit(schedule):
+    """`make_optimizer_step` against optax's update, `apply_updates` and a select of the
+    new or the old parameters and state: the same bits over six steps, one of them
+    skipped (its parameters and state unchanged), at a constant and an annealed rate."""
+    config = dataclasses.replace(get_preset("cpu_demo"), lr_schedule=schedule, lr=3e-3,
+                                 lr_end=1e-4, lr_decay_updates=1, update_epochs=2,
+                                 num_minibatches=3, max_grad_norm=0.5)
+    optimizer = ppo.make_optimizer(config)
+    step = jax.jit(ppo.make_optimizer_step(config))
+
+    @jax.jit
+    def reference(params, opt_state, grads, finite):
+        updates, new_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep_old = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        return (jax.tree.map(keep_old, new_params, params),
+                jax.tree.map(keep_old, new_state, opt_state))
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    params = {"dense": {"kernel": jax.random.normal(keys[0], (5, 3)),
+                        "bias": jnp.zeros((3,))},
+              "head": jax.random.normal(keys[1], (3,))}
+    ours = theirs = (params, optimizer.init(params))
+    for i in range(6):
+        scale = 0.1 if i % 2 else 10.0  # below and above the clipping norm
+        leaf_keys = jax.random.split(jax.random.fold_in(keys[2], i), len(jax.tree.leaves(params)))
+        grads = jax.tree.unflatten(jax.tree.structure(params), [
+            scale * jax.random.normal(k, x.shape)
+            for k, x in zip(leaf_keys, jax.tree.leaves(params), strict=True)])
+        finite = jnp.bool_(i != 3)
+        before = ours
+        ours = step(*ours, grads, finite)
+        theirs = reference(*theirs, grads, finite)
+        for got, want in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        moved = [not np.array_equal(a, b) for a, b in
+                 zip(jax.tree.leaves(before), jax.tree.leaves(ours), strict=True)]
+        assert any(moved) == (i != 3)
