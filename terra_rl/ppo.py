@@ -125,7 +125,8 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
 
 def make_optimizer_step(config: TrainConfig) -> Callable:
     """`step(params, opt_state, grads, finite bool []) -> (params, opt_state)`: one step of
-    `make_optimizer(config)` where `finite`, the inputs unchanged where not (a skipped step).
+    `make_optimizer(config)` when `finite` is True, the inputs unchanged when it is False (a
+    skipped step).
 
     The same values as `optimizer.update`, `optax.apply_updates` and a select between new
     and old, computed in another order: the state is selected first and Adam's step is
