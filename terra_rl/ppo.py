@@ -169,6 +169,27 @@ def learning_rate_at(config: TrainConfig, update: jax.Array) -> jax.Array:
     return jnp.asarray(schedule(step), jnp.float32)
 
 
+def rollout_noise(key: jax.Array, num_steps: int, num_envs: int,
+                  num_actions: int) -> tuple[jax.Array, jax.Array]:
+    """A rollout's randomness, drawn at once: (Gumbel noise float32 [T, N, A] for
+    `sample_actions`, one env key per step uint32 [T, 2]).
+
+    Two Threefry calls an update instead of two a step: XLA:CPU runs each call as a loop of
+    its own, and drawing them per step cost CartPole's update about 5% (docs/PERFORMANCE.md,
+    "The rollout's randomness drawn at once")."""
+    key_actions, key_envs = jax.random.split(key)
+    gumbel = jax.random.gumbel(key_actions, (num_steps, num_envs, num_actions), jnp.float32)
+    return gumbel, jax.random.split(key_envs, num_steps)
+
+
+def sample_actions(logits: jax.Array, gumbel: jax.Array) -> jax.Array:
+    """int32 [B]: actions drawn from the categorical distributions of float32 logits [B, A]
+    by the Gumbel-max trick, with Gumbel noise float32 [B, A]; what
+    `jax.random.categorical(key, logits)` returns when the noise is `jax.random.gumbel(key,
+    logits.shape)`. Masked logits (a large finite negative) are never drawn."""
+    return jnp.argmax(logits + gumbel, axis=-1).astype(jnp.int32)
+
+
 def categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
     """float32 [B] log pi(a) from float32 logits [B, A]."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

@@ -105,14 +105,15 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
 
     @jax.jit
     def rollout(params, key, state, obs):
-        def step(carry, key):
+        def step(carry, noise):
             state, obs = carry
-            key_action, key_env = jax.random.split(key)
+            gumbel, key_env = noise
             logits, value = outputs(params, obs)
-            action = jax.random.categorical(key_action, logits).astype(jnp.int32)
+            action = ppo.sample_actions(logits, gumbel)
             next_obs, state, reward, *_ = env.step(key_env, state, action, env_params)
             return (state, next_obs), (obs, reward, value)
-        return jax.lax.scan(step, (state, obs), jax.random.split(key, steps))
+        noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
+        return jax.lax.scan(step, (state, obs), noise)
 
     _, (observations, rewards, values) = rollout(params, jax.random.PRNGKey(2), env_state, obs)
     dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)

@@ -208,12 +208,12 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
 
-    def rollout_step(env_params, carry, _):
-        params, env_state, obs, rng, counters = carry
-        rng, key_action, key_env = jax.random.split(rng, 3)
+    def rollout_step(env_params, carry, noise):
+        params, env_state, obs, counters = carry
+        gumbel, key_env = noise  # this step's row of `ppo.rollout_noise`
         obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
         logits, value = outputs(params, obs)
-        action = jax.random.categorical(key_action, logits).astype(jnp.int32)
+        action = ppo.sample_actions(logits, gumbel)
         age = env.episode_age(env_state)
         next_obs, env_state, reward, terminated, truncated, info = env.step(
             key_env, env_state, action, env_params
@@ -243,7 +243,7 @@ def make_update_fn(config: TrainConfig, env, policy,
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_full=counters.episode_full | done,
         )
-        return (params, env_state, next_obs, rng, counters), (transition, episodes)
+        return (params, env_state, next_obs, counters), (transition, episodes)
 
     loss_and_grads = make_loss_and_grads(config, policy)
     optimizer_step = ppo.make_optimizer_step(config)
@@ -280,11 +280,13 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     def update(runner: RunnerState, env_params):
         params = runner.policy.params
-        carry = (params, runner.env_state, runner.last_obs, runner.rng, runner.counters)
+        rng, key_rollout, key_epochs = jax.random.split(runner.rng, 3)
+        noise = ppo.rollout_noise(key_rollout, config.num_steps, num_envs, env.num_actions)
+        carry = (params, runner.env_state, runner.last_obs, runner.counters)
         carry, (traj, episodes) = jax.lax.scan(
-            functools.partial(rollout_step, env_params), carry, None, config.num_steps
+            functools.partial(rollout_step, env_params), carry, noise
         )
-        _, env_state, last_obs, rng, counters = carry
+        _, env_state, last_obs, counters = carry
         last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
                                                     traj.truncated)
         next_value = ppo.next_values(
@@ -302,7 +304,6 @@ def make_update_fn(config: TrainConfig, env, policy,
             "advantage": advantages,
             "return": returns,
         }
-        rng, key_epochs = jax.random.split(rng)
         ent_coef = ppo.entropy_coefficient(config, counters.update)
         (policy_state, loss_scale, _, _), update_metrics = jax.lax.scan(
             epoch,

@@ -118,6 +118,28 @@ def test_minibatches_are_shuffled_single_transitions():
     assert not np.array_equal(other, got)
 
 
+def test_rollout_noise_samples_as_jax_categorical_and_never_a_masked_action():
+    steps, envs, actions = 6, 5, 4
+    gumbel, env_keys = ppo.rollout_noise(jax.random.PRNGKey(3), steps, envs, actions)
+    assert gumbel.shape == (steps, envs, actions) and gumbel.dtype == jnp.float32
+    assert env_keys.shape == (steps, 2) and env_keys.dtype == jnp.uint32
+    assert bool(jnp.all(jnp.isfinite(gumbel)))
+    assert len({tuple(k) for k in np.asarray(env_keys).tolist()}) == steps
+    # The Gumbel-max trick with jax.random.gumbel's noise is jax.random.categorical's draw.
+    logits = jax.random.normal(jax.random.PRNGKey(4), (envs, actions)) * 3.0
+    for key in jax.random.split(jax.random.PRNGKey(5), 8):
+        noise = jax.random.gumbel(key, (envs, actions), jnp.float32)
+        sampled = ppo.sample_actions(logits, noise)
+        assert sampled.dtype == jnp.int32
+        np.testing.assert_array_equal(sampled, jax.random.categorical(key, logits))
+    # Frequencies follow softmax(logits); a masked action (a large negative logit) never comes.
+    masked = jnp.array([1.0, 0.0, -1.0, -1e9], jnp.float32)
+    many = jax.random.gumbel(jax.random.PRNGKey(6), (20000, actions), jnp.float32)
+    counts = np.bincount(np.asarray(ppo.sample_actions(masked[None], many)), minlength=actions)
+    np.testing.assert_allclose(counts / counts.sum(), jax.nn.softmax(masked), atol=0.015)
+    assert counts[3] == 0
+
+
 @pytest.mark.parametrize("schedule", ["constant", "linear"])
 def test_optimizer_step_equals_optax_update_and_skips_bit_for_bit(schedule):
     """`make_optimizer_step` against optax's update, `apply_updates` and a select of the
