@@ -32,7 +32,12 @@ from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
 from terra_rl.train_loop import TrainResult, train
-from terra_rl.trainer import INIT_COMPILER_OPTIONS, build_trainer, policy_config
+from terra_rl.trainer import (
+    EVAL_COMPILER_OPTIONS,
+    INIT_COMPILER_OPTIONS,
+    build_trainer,
+    policy_config,
+)
 from terra_rl.validation.small import SMOKE_FIELDS
 from terra_rl.warm_start import WarmStartError, load_init_params
 
@@ -439,6 +444,22 @@ def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
     states = [jax.device_get(lowered.compile(compiler_options=options)(*args)) for options in
               (INIT_COMPILER_OPTIONS, {"xla_backend_optimization_level": 2})]
     assert leaves_equal(*states)
+
+
+def test_the_eval_at_its_cpu_level_gives_the_default_levels_metrics(tiny_trainer):
+    """The eval compiles at LLVM level 1 on CPU (`EVAL_COMPILER_OPTIONS`): its greedy and
+    sampled metrics equal those of the default level 2 bit for bit."""
+    params = tiny_trainer.init_runner().policy.params
+    for sample in (False, True):
+        args = (params, tiny_trainer.eval_keys(), tiny_trainer.eval_env_params,
+                tiny_trainer.replicate(np.bool_(sample)))
+        lowered = tiny_trainer.eval_fn.lower(*args)
+        metrics = [jax.device_get(lowered.compile(compiler_options=options)(*args))
+                   for options in (EVAL_COMPILER_OPTIONS,
+                                   {"xla_backend_optimization_level": 2})]
+        assert metrics[0].keys() == metrics[1].keys()
+        for name in metrics[0]:
+            np.testing.assert_array_equal(metrics[0][name], metrics[1][name], err_msg=name)
 
 
 def test_the_init_compiles_in_the_background_and_the_update_lowers_from_its_shapes(
