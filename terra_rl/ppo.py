@@ -176,7 +176,7 @@ def rollout_noise(key: jax.Array, num_steps: int, num_envs: int,
 
     Two Threefry calls an update instead of two a step: XLA:CPU runs each call as a loop of
     its own, and drawing them per step cost CartPole's update about 5% (docs/PERFORMANCE.md,
-    "The rollout's randomness drawn at once")."""
+    "The rollout's randomness drawn once an update")."""
     key_actions, key_envs = jax.random.split(key)
     gumbel = jax.random.gumbel(key_actions, (num_steps, num_envs, num_actions), jnp.float32)
     return gumbel, jax.random.split(key_envs, num_steps)

@@ -217,12 +217,12 @@ class Trainer:
 
     def start_eval_compile(self, runner: RunnerState, background: bool = True) -> None:
         """Lower and compile the evaluation (on CPU with `EVAL_COMPILER_OPTIONS`); with
-        `background` on another thread while this
-        one goes on (XLA compiles without holding the GIL; the lowering's Python shares it
-        with the updates' dispatches, which mostly wait on the device). Single-process runs
-        start their first updates this way: a user does not wait for the eval's lowering and
-        compile, and on a GPU they cost the updates nothing (docs/PERFORMANCE.md). The
-        background lowering reads only the parameters' shapes: the updates donate `runner`."""
+        `background` on another thread while this one goes on (XLA compiles without holding
+        the GIL; the lowering's Python shares it with the updates' dispatches, which mostly
+        wait on the device). Single-process runs start their first updates this way: a user
+        does not wait for the eval's lowering and compile, and on a GPU they cost the updates
+        nothing (docs/PERFORMANCE.md). The background lowering reads only the parameters'
+        shapes: the updates donate `runner`."""
         if self.compiled_eval is not None or self.eval_compile_future is not None:
             return
         start = time.perf_counter()

@@ -450,13 +450,13 @@ def test_the_eval_at_its_cpu_level_gives_the_default_levels_metrics(tiny_trainer
     """The eval compiles at LLVM level 1 on CPU (`EVAL_COMPILER_OPTIONS`): its greedy and
     sampled metrics equal those of the default level 2 bit for bit."""
     params = tiny_trainer.init_runner().policy.params
+    args = lambda sample: (params, tiny_trainer.eval_keys(),  # noqa: E731
+                           tiny_trainer.eval_env_params, tiny_trainer.replicate(np.bool_(sample)))
+    lowered = tiny_trainer.eval_fn.lower(*args(False))  # `sample` is traced: one program
+    compiled = [lowered.compile(compiler_options=options)
+                for options in (EVAL_COMPILER_OPTIONS, {"xla_backend_optimization_level": 2})]
     for sample in (False, True):
-        args = (params, tiny_trainer.eval_keys(), tiny_trainer.eval_env_params,
-                tiny_trainer.replicate(np.bool_(sample)))
-        lowered = tiny_trainer.eval_fn.lower(*args)
-        metrics = [jax.device_get(lowered.compile(compiler_options=options)(*args))
-                   for options in (EVAL_COMPILER_OPTIONS,
-                                   {"xla_backend_optimization_level": 2})]
+        metrics = [jax.device_get(evaluate(*args(sample))) for evaluate in compiled]
         assert metrics[0].keys() == metrics[1].keys()
         for name in metrics[0]:
             np.testing.assert_array_equal(metrics[0][name], metrics[1][name], err_msg=name)
