@@ -118,6 +118,24 @@ def test_minibatches_are_shuffled_single_transitions():
     assert not np.array_equal(other, got)
 
 
+def test_categorical_log_prob_and_its_gradient_equal_a_gather():
+    logits = jax.random.normal(jax.random.PRNGKey(7), (64, 5), jnp.float32) * 4.0
+    logits = logits.at[:, 4].set(-1e9)  # a masked action: large, finite, never chosen
+    actions = jax.random.randint(jax.random.PRNGKey(8), (64,), 0, 4)
+
+    def gathered(logits):
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        return jnp.take_along_axis(log_probs, actions[:, None], axis=-1)[:, 0]
+
+    got = ppo.categorical_log_prob(logits, actions)
+    assert got.shape == (64,) and got.dtype == jnp.float32
+    np.testing.assert_array_equal(got, gathered(logits))
+    weights = jnp.linspace(-1.0, 2.0, 64)
+    grad = jax.grad(lambda x: jnp.sum(weights * ppo.categorical_log_prob(x, actions)))(logits)
+    expected = jax.grad(lambda x: jnp.sum(weights * gathered(x)))(logits)
+    np.testing.assert_array_equal(grad, expected)
+
+
 def test_rollout_noise_samples_as_jax_categorical_and_never_a_masked_action():
     steps, envs, actions = 6, 5, 4
     gumbel, env_keys = ppo.rollout_noise(jax.random.PRNGKey(3), steps, envs, actions)
