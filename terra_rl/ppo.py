@@ -174,9 +174,9 @@ def rollout_noise(key: jax.Array, num_steps: int, num_envs: int,
     """A rollout's randomness, drawn at once: (Gumbel noise float32 [T, N, A] for
     `sample_actions`, one env key per step uint32 [T, 2]).
 
-    Two Threefry calls an update instead of two a step: XLA:CPU runs each call as a loop of
-    its own, and drawing them per step cost CartPole's update about 5% (docs/PERFORMANCE.md,
-    "The rollout's randomness drawn once an update")."""
+    Three Threefry calls an update (a split, the noise, the keys) instead of two a step:
+    XLA:CPU runs each call as a loop of its own, and drawing them per step cost CartPole's
+    update about 5% (docs/PERFORMANCE.md, "The rollout's randomness drawn once an update")."""
     key_actions, key_envs = jax.random.split(key)
     gumbel = jax.random.gumbel(key_actions, (num_steps, num_envs, num_actions), jnp.float32)
     return gumbel, jax.random.split(key_envs, num_steps)
