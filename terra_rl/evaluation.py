@@ -15,6 +15,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from terra_rl import run_keys
 from terra_rl.config import TrainConfig
 from terra_rl.update import AXIS, policy_outputs
 
@@ -23,7 +24,8 @@ SAMPLED_PREFIX = "eval_sampled/"
 
 def make_eval_fn(config: TrainConfig, env, policy,
                  trace_counts: collections.Counter | None = None) -> Callable:
-    """pmapped `evaluate(params, keys uint32 [D, 2], env_params, sample bool [D]) -> metrics`
+    """pmapped `evaluate(params, run_key uint32 [D, 2], env_params, sample bool [D]) ->
+    metrics`
     (float32 scalars, identical on every device; NaN where there is nothing to report).
     `sample` picks sampled actions instead of the greedy ones; it is traced, so both share
     one compiled program.
@@ -45,7 +47,11 @@ def make_eval_fn(config: TrainConfig, env, policy,
     num_actions = env.num_actions
     num_groups = max(len(env.group_names), 1)
 
-    def evaluate(params, key, env_params, sample):
+    def evaluate(params, run_key, env_params, sample):
+        # Keys from the seed alone, never from the runner's key or the update: evaluating
+        # does not change training, resumed runs match straight ones, and every eval of a
+        # run starts the same episodes (same maps and spawns), so its evals compare.
+        key = run_keys.device_key(run_key, run_keys.EVAL_STREAM, AXIS)
         key_reset, key_run = jax.random.split(key)
         first_maps = jax.lax.axis_index(AXIS) * env.num_envs + jnp.arange(env.num_envs)
         obs, env_state = env.reset(key_reset, env_params, staggered=False, first_maps=first_maps)

@@ -116,7 +116,7 @@ class GymnaxBatchEnv:
         self.action_names = tuple(f"action_{i}" for i in range(self.num_actions))
         self.max_steps = int(params.max_steps_in_episode)
         self.can_stagger = env_id in STAGGER_SAFE_ENV_IDS
-        obs_struct, _ = jax.eval_shape(env.reset, jax.random.key(0), params)
+        obs_struct, _ = jax.eval_shape(lambda: env.reset(jax.random.key(0), params))
         self.obs_shape = tuple(obs_struct.shape)
 
     def reset(self, key: jax.Array, params, staggered: bool = True, first_maps=None):

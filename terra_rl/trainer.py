@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from terra_rl import distributed, ppo
+from terra_rl import distributed, ppo, run_keys
 from terra_rl.config import TrainConfig
 from terra_rl.device_metrics import host_metrics
 from terra_rl.evaluation import make_eval_fn, sampled_names
@@ -157,10 +157,7 @@ class Trainer:
         )
 
     def _init_args(self):
-        key = jax.random.PRNGKey(self.config.seed)
-        device_keys = jax.random.split(jax.random.fold_in(key, 0), self.num_devices)
-        params_key = self.replicate(jax.random.fold_in(key, 1))
-        return self.shard(np.asarray(device_keys)), params_key, self.env_params
+        return self.run_key(), self.env_params
 
     def lower_update(self, runner: RunnerState) -> None:
         """Lower the update once per trainer (`compile_update` compiles it), from `runner`
@@ -204,7 +201,7 @@ class Trainer:
 
     def compile_eval(self, runner: RunnerState):
         """The evaluation compiled ahead of time (once per trainer); it takes global arrays
-        `(params, eval keys, eval env_params, sample flags bool [D])`. Waits for a compile
+        `(params, run key, eval env_params, sample flags bool [D])`. Waits for a compile
         `start_eval_compile` began."""
         if self.compiled_eval is None:
             if self.eval_compile_future is None:
@@ -230,7 +227,7 @@ class Trainer:
         if background:  # pmap lowers host-local shapes of one process only
             params = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
-        args = self._local(params, self.eval_keys(), self.eval_env_params,
+        args = self._local(params, self.run_key(), self.eval_env_params,
                            self.replicate(np.bool_(False)))
         self.eval_compile_future = _compile(
             lambda: self.eval_fn.lower(*args), start, background, "eval-compile",
@@ -241,12 +238,10 @@ class Trainer:
         future = self.eval_compile_future
         return self.compiled_eval is not None or (future is not None and future.done())
 
-    def eval_keys(self):
-        """Eval keys depend only on the seed, never on the runner's key or the update, so
-        evaluating does not change training, resumed runs match straight ones, and every
-        eval of a run starts the same episodes (same maps and spawns): its evals compare."""
-        key = jax.random.fold_in(jax.random.PRNGKey(self.config.seed), 2)
-        return self.shard(np.asarray(jax.random.split(key, self.num_devices)))
+    def run_key(self):
+        """uint32 [D, 2]: the seed's key on every device, which the init and the eval derive
+        their keys from (`terra_rl.run_keys`)."""
+        return self.replicate(run_keys.seed_key(self.config.seed))
 
     def evaluate(self, runner: RunnerState, update: int,
                  params: Any = None) -> dict[str, float]:
@@ -258,7 +253,7 @@ class Trainer:
         params = runner.policy.params if params is None else params
         metrics = {}
         for sample in (False, True) if self.config.eval_sampling else (False,):
-            result = host_metrics(evaluate(params, self.eval_keys(),
+            result = host_metrics(evaluate(params, self.run_key(),
                                            self.eval_env_params,
                                            self.replicate(np.bool_(sample))))
             metrics.update(sampled_names(result) if sample else result)
@@ -317,8 +312,7 @@ def build_trainer(config: TrainConfig) -> Trainer:
     devices = distributed.pmap_devices(config.num_devices)
     train_env, eval_env = make_train_envs(config)
     example_obs, _ = jax.eval_shape(
-        lambda key: train_env.reset(key, train_env.params), jax.random.PRNGKey(0)
-    )
+        lambda: train_env.reset(jax.random.PRNGKey(0), train_env.params))
     policy = make_policy(policy_config(config), train_env.num_actions, example_obs)
     optimizer = ppo.make_optimizer(config)
     trace_counts = collections.Counter()

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from terra_rl import loss_scaling, ppo
+from terra_rl import loss_scaling, ppo, run_keys
 from terra_rl.config import TrainConfig
 from terra_rl.loss_scaling import LossScale
 from terra_rl.models import uses_convolutions, with_derived_features
@@ -62,10 +62,13 @@ def policy_outputs(policy, params, obs, use_action_mask: bool):
 
 
 def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
-    """pmapped `init(device_keys uint32 [D, 2], params_key uint32 [D, 2], env_params)`;
-    `params_key` must be the same key on every device so parameters start identical."""
+    """pmapped `init(run_key uint32 [D, 2], env_params)`; `run_key` is the seed's key
+    (`run_keys.seed_key`) on every device. Each device's envs start from its own key, and
+    the parameters from one key shared by all devices, so they start identical."""
 
-    def init(device_key, params_key, env_params):
+    def init(run_key, env_params):
+        device_key = run_keys.device_key(run_key, run_keys.INIT_STREAM, AXIS)
+        params_key = jax.random.fold_in(run_key, run_keys.PARAMS_STREAM)
         obs, env_state = env.reset(device_key, env_params, staggered=True)
         params = policy.init(params_key, jax.tree.map(lambda x: x[:1], obs))
         counters = Counters(

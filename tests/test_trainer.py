@@ -31,6 +31,7 @@ from terra_rl.device_metrics import host_metrics
 from terra_rl.failure_diagnosis import CATEGORIES
 from terra_rl.logger import RunLogger, read_metrics
 from terra_rl.main import main
+from terra_rl.run_keys import INIT_STREAM, PARAMS_STREAM
 from terra_rl.train_loop import TrainResult, train
 from terra_rl.trainer import (
     EVAL_COMPILER_OPTIONS,
@@ -446,11 +447,30 @@ def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
     assert leaves_equal(*states)
 
 
+def test_the_trainers_first_state_follows_the_eager_keys(tiny_trainer):
+    """The runner's key on device d is `fold_in(split(fold_in(PRNGKey(seed), 0), D)[d], 1)`
+    and every device holds the parameters drawn from `fold_in(PRNGKey(seed), 1)`: the keys
+    the trainer drew eagerly before the run key."""
+    runner = jax.device_get(tiny_trainer.init_runner())
+    devices = tiny_trainer.num_devices
+    root = jax.random.PRNGKey(tiny_trainer.config.seed)
+    init_keys = jax.random.split(jax.random.fold_in(root, INIT_STREAM), devices)
+    want = np.stack([np.asarray(jax.random.fold_in(k, 1)) for k in init_keys])
+    np.testing.assert_array_equal(runner.rng, want)
+    params = jax.jit(tiny_trainer.policy.init)(
+        jax.random.fold_in(root, PARAMS_STREAM),
+        jax.tree.map(lambda x: x[0, :1], runner.last_obs))
+    for got, expected in zip(jax.tree.leaves(runner.policy.params), jax.tree.leaves(params),
+                             strict=True):
+        for device in range(devices):
+            np.testing.assert_array_equal(got[device], np.asarray(expected))
+
+
 def test_the_eval_at_its_cpu_level_gives_the_default_levels_metrics(tiny_trainer):
     """The eval compiles at LLVM level 1 on CPU (`EVAL_COMPILER_OPTIONS`): its greedy and
     sampled metrics equal those of the default level 2 bit for bit."""
     params = tiny_trainer.init_runner().policy.params
-    args = lambda sample: (params, tiny_trainer.eval_keys(),  # noqa: E731
+    args = lambda sample: (params, tiny_trainer.run_key(),  # noqa: E731
                            tiny_trainer.eval_env_params, tiny_trainer.replicate(np.bool_(sample)))
     lowered = tiny_trainer.eval_fn.lower(*args(False))  # `sample` is traced: one program
     compiled = [lowered.compile(compiler_options=options)
@@ -492,7 +512,7 @@ def test_the_background_eval_lowers_the_same_program_from_the_parameters_shapes(
     runner = tiny_trainer.init_runner()
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                           runner.policy.params)
-    rest = (tiny_trainer.eval_keys(), tiny_trainer.eval_env_params,
+    rest = (tiny_trainer.run_key(), tiny_trainer.eval_env_params,
             tiny_trainer.replicate(np.bool_(False)))
     lowered = [tiny_trainer.eval_fn.lower(params, *rest).as_text()
                for params in (shapes, runner.policy.params)]
