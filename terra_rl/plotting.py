@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,10 +101,20 @@ def _config_defaults() -> dict:
             if f.default is not dataclasses.MISSING}
 
 
+def _name_without_seed(run: Run) -> str:
+    """The run's name without a trailing marker of its own seed (`Breakout-s3`, `a_seed3`,
+    `b.3` -> `Breakout`, `a`, `b`); the name itself when there is none."""
+    seed = run.config.get("seed")
+    if not isinstance(seed, int):
+        return run.name
+    return re.sub(rf"(?:[-_.](?:seed|s)?|seed|s){seed}$", "", run.name) or run.name
+
+
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Runs of one experiment (configs equal but for `NOT_THE_EXPERIMENT`, a field added
     since an older run counting as its default) together, in the order of their first run;
-    a group of several is labelled with its seeds."""
+    a group of several is labelled with its seeds, and with the name its runs share once
+    their seed markers are dropped (else the first run's)."""
     defaults = _config_defaults()
     groups: dict[str, list[Run]] = {}
     for run in runs:
@@ -117,7 +128,9 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
             label = members[0].name
         else:
             seeds = ",".join(str(run.config.get("seed", "?")) for run in members)
-            label = f"{members[0].name} ({len(members)} seeds: {seeds})"
+            names = {_name_without_seed(run) for run in members}
+            name = names.pop() if len(names) == 1 else members[0].name
+            label = f"{name} ({len(members)} seeds: {seeds})"
         out.append(Group(label, tuple(members)))
     return out
 

@@ -55,13 +55,26 @@ def test_seed_groups_bands_and_last_record_wins(runs):
     assert steps.tolist() == [0, 100, 200] and values.tolist() == [0.0, 0.4, 0.6]
     assert loaded[0].action_names == ("DO", "FORWARD")
     groups = group_runs(loaded)
-    assert [g.label for g in groups] == ["a_s0 (2 seeds: 0,1)", "b_s0"]
+    assert [g.label for g in groups] == ["a (2 seeds: 0,1)", "b_s0"]
     steps, mean, low, high = seed_band(groups[0].runs, "eval/completion_rate")
     assert steps.tolist() == [0, 100, 200]
     np.testing.assert_allclose(mean, [0.0, 0.3, 0.5])
     np.testing.assert_allclose(low, [0.0, 0.2, 0.4])
     np.testing.assert_allclose(high, [0.0, 0.4, 0.6])
     assert seed_band(groups[1].runs, "eval_sampled/completion_rate") is None
+
+
+@pytest.mark.parametrize(("names", "seeds", "label"), [
+    (("Breakout-MinAtar-s0", "Breakout-MinAtar-s12"), (0, 12), "Breakout-MinAtar (2 seeds: 0,12)"),
+    (("run_seed3", "run_seed4"), (3, 4), "run (2 seeds: 3,4)"),
+    # Digits that are not the run's own seed stay: 2026 is not seed 6's marker.
+    (("exp-2026", "exp-2027"), (6, 7), "exp-2026 (2 seeds: 6,7)"),
+    (("x-s1", "y-s2"), (1, 2), "x-s1 (2 seeds: 1,2)"),
+])
+def test_a_seed_group_is_named_without_its_seed_markers(tmp_path, names, seeds, label):
+    paths = [write_run(tmp_path, name, seed, 1e-3, records([0.0, 0.2], [2.0, 1.5]))
+             for name, seed in zip(names, seeds, strict=True)]
+    assert [g.label for g in group_runs([load_run(path) for path in paths])] == [label]
 
 
 def test_a_field_added_since_an_older_run_counts_as_its_default(tmp_path):
