@@ -24,9 +24,9 @@ SAMPLED_PREFIX = "eval_sampled/"
 
 def make_eval_fn(config: TrainConfig, env, policy,
                  trace_counts: collections.Counter | None = None) -> Callable:
-    """pmapped `evaluate(params, run_key uint32 [D, 2], env_params, sample bool [D]) ->
-    metrics`
-    (float32 scalars, identical on every device; NaN where there is nothing to report).
+    """pmapped `evaluate(params, run_key uint32 [D, 2], env_params, sample bool [D])` ->
+    metrics (float32 scalars, identical on every device; NaN where there is nothing to
+    report). `run_key` is the seed's key (`run_keys.seed_key`) on every device.
     `sample` picks sampled actions instead of the greedy ones; it is traced, so both share
     one compiled program.
 
