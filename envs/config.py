@@ -126,9 +126,10 @@ class EnvConfig:
     """The observation carries `refused_digs`, bool [N, N]: the targets the action mask has
     refused to dig (DO valid at a pose with an empty bucket, but masked) since the map last
     changed; the state keeps them until a DO changes the map. A policy's way to the next dig
-    (`terra_rl.dig_distance.work_in_reach`) then leaves them out: without it, held-out 32x32
-    policies stalled for hundreds of steps at poses whose every dig the cut-off rule forbade,
-    where their inputs read "work in reach" (docs/RESULTS.md). Needs the action mask."""
+    (`terra_rl.features.dig_distance.work_in_reach`) then leaves them out: without it,
+    held-out 32x32 policies stalled for hundreds of steps at poses whose every dig the cut-off
+    rule forbade, where their inputs read "work in reach" (docs/RESULTS.md). Needs the action
+    mask."""
     dump_after_full_turn: bool = True
     """Once a loaded excavator's cabin has turned through all 12 headings since its last dig
     or dump (the revisit memory holds each; needs `revisit_memory` >= 12), the dump rules

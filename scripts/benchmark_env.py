@@ -27,30 +27,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installation
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
-from envs import actions as A  # noqa: E402
-from envs.batch import BatchEnv  # noqa: E402
-from envs.config import VALID_MAP_SIZES, EnvConfig  # noqa: E402
-from envs.env import ExcavationEnv  # noqa: E402
-from envs.params import DEFAULT_NUM_MAPS, make_env_params  # noqa: E402
-from envs.state import EnvParams  # noqa: E402
-from terra_rl.benchmarking import runtime_info, time_once, time_repeated  # noqa: E402
+from envs.config import VALID_MAP_SIZES  # noqa: E402
+from envs.params import DEFAULT_NUM_MAPS  # noqa: E402
+from terra_rl.perf.benchmarking import runtime_info  # noqa: E402
+from terra_rl.perf.env_benchmark import (  # noqa: E402
+    ParamsCache,
+    Shape,
+    measure_compile,
+    measure_throughput,
+)
+from terra_rl.perf.env_benchmark_report import render_report  # noqa: E402
 
 SCHEMA_VERSION = 1
 NEVER_DONE_MAX_STEPS = 10**9
 """`max_steps` of the zero-done-rate runs: no env times out within a benchmark."""
 
 QUICK_DEFAULTS = {"num_envs": "16", "map_sizes": "16", "steps": 20, "repeats": 2, "num_maps": 16}
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    num_envs: int
-    map_size: int
-
-    def __str__(self) -> str:
-        return f"{self.num_envs} envs x {self.map_size}x{self.map_size}"
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -179,247 +172,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------------------- setup
-
-
-class ParamsCache:
-    """One generated map pool per map size, shared by every configuration of that size."""
-
-    def __init__(self, num_maps: int, seed: int):
-        self.num_maps = num_maps
-        self.seed = seed
-        self._pools: dict[int, EnvParams] = {}
-
-    def get(self, config: EnvConfig) -> EnvParams:
-        if config.map_size not in self._pools:
-            self._pools[config.map_size] = make_env_params(
-                config, num_maps=self.num_maps, seed=self.seed
-            )
-        return self._pools[config.map_size]
-
-
-def build_batch_env(
-    shape: Shape, max_steps: int, pools: ParamsCache, compute_action_mask: bool = True
-) -> tuple[BatchEnv, EnvParams]:
-    """A fresh env (new objects, so no jit cache is shared with earlier ones) and its pool."""
-    config = EnvConfig(
-        map_size=shape.map_size, max_steps=max_steps, compute_action_mask=compute_action_mask
-    )
-    params = pools.get(config)
-    return BatchEnv(ExcavationEnv(config), params, shape.num_envs), params
-
-
-def make_rollout(batch_env: BatchEnv, num_steps: int, reference: bool):
-    """Jitted (key, state, obs, params) -> (key, state, obs, done_count, any_done_count,
-    reward_sum) running `num_steps` batch steps with uniformly random actions.
-
-    obs and rewards are outputs so that XLA cannot drop their computation as dead code.
-    """
-    step = batch_env.step_reference if reference else batch_env.step
-    num_envs = batch_env.num_envs
-
-    def rollout(key, state, obs, params):
-        def one_step(carry, _):
-            key, state, obs = carry
-            key, key_actions, key_step = jax.random.split(key, 3)
-            actions = jax.random.randint(key_actions, (num_envs,), 0, A.NUM_ACTIONS)
-            obs, state, reward, terminated, truncated, _ = step(key_step, state, actions, params)
-            done = terminated | truncated
-            return (key, state, obs), (
-                jnp.sum(done, dtype=jnp.int32),
-                jnp.any(done),
-                jnp.sum(reward),
-            )
-
-        (key, state, obs), (done_counts, any_done, rewards) = jax.lax.scan(
-            one_step, (key, state, obs), length=num_steps
-        )
-        return (
-            key,
-            state,
-            obs,
-            jnp.sum(done_counts),
-            jnp.sum(any_done, dtype=jnp.int32),
-            jnp.sum(rewards),
-        )
-
-    return jax.jit(rollout)
-
-
-# ---------------------------------------------------------------------------- measurements
-
-
-def measure_compile(
-    shape: Shape, max_steps: int, pools: ParamsCache, seed: int, repeats: int
-) -> dict[str, Any]:
-    """Seconds to lower and compile one jitted `BatchEnv.step`, then (with a fresh env, so
-    nothing is cached) of its first call, and of a steady call afterwards."""
-    batch_env, params = build_batch_env(shape, max_steps, pools)
-    key = jax.random.PRNGKey(seed)
-    _, state = jax.block_until_ready(jax.jit(batch_env.reset)(key, params))
-    actions = jnp.zeros((shape.num_envs,), jnp.int32)
-
-    jax.clear_caches()
-    lower_seconds, lowered = time_once(
-        lambda: jax.jit(batch_env.step).lower(key, state, actions, params)
-    )
-    compile_seconds, _ = time_once(lowered.compile)
-
-    jax.clear_caches()
-    fresh_env, _ = build_batch_env(shape, max_steps, pools)
-    fresh_step = jax.jit(fresh_env.step)
-    first_call_seconds, _ = time_once(lambda: fresh_step(key, state, actions, params))
-    steady = time_repeated(lambda: fresh_step(key, state, actions, params), repeats)
-    return {
-        "num_envs": shape.num_envs,
-        "map_size": shape.map_size,
-        "lower_seconds": lower_seconds,
-        "compile_seconds": compile_seconds,
-        "lower_and_compile_seconds": lower_seconds + compile_seconds,
-        "first_call_seconds": first_call_seconds,
-        "steady_call_seconds_median": steady.median,
-        "steady_call_seconds_best": steady.best,
-    }
-
-
-def measure_throughput(
-    shape: Shape,
-    *,
-    max_steps: int,
-    pools: ParamsCache,
-    num_steps: int,
-    repeats: int,
-    seed: int,
-    reference: bool = False,
-    compute_action_mask: bool = True,
-) -> dict[str, Any]:
-    """Env steps/s of `repeats` timed rollouts after one warm-up (compiling) rollout.
-
-    Each call continues from the previous one's state, so episode ages keep the
-    staggered distribution of `BatchEnv.reset`.
-    """
-    batch_env, params = build_batch_env(shape, max_steps, pools, compute_action_mask)
-    rollout = make_rollout(batch_env, num_steps, reference)
-    key_reset, key_rollout = jax.random.split(jax.random.PRNGKey(seed))
-    obs, state = batch_env.reset(key_reset, params)
-    carry = (key_rollout, state, obs)
-    counts = []
-
-    def call():
-        nonlocal carry
-        key, state, obs, done_count, any_done_count, reward_sum = rollout(*carry, params)
-        carry = (key, state, obs)
-        counts.append((done_count, any_done_count))
-        return carry, reward_sum
-
-    warmup_seconds, _ = time_once(call)
-    counts.clear()
-    timing = time_repeated(call, repeats)
-    env_steps_per_call = shape.num_envs * num_steps
-    done_total = sum(int(done) for done, _ in counts)
-    any_done_total = sum(int(any_done) for _, any_done in counts)
-    return {
-        "num_envs": shape.num_envs,
-        "map_size": shape.map_size,
-        "path": "step_reference" if reference else "step",
-        "max_steps": max_steps,
-        "compute_action_mask": compute_action_mask,
-        "warmup_seconds": warmup_seconds,
-        "call_seconds": list(timing.samples),
-        "call_seconds_median": timing.median,
-        "call_seconds_best": timing.best,
-        "env_steps_per_s_median": env_steps_per_call / timing.median,
-        "env_steps_per_s_best": env_steps_per_call / timing.best,
-        "env_done_fraction": done_total / (env_steps_per_call * repeats),
-        "any_done_fraction": any_done_total / (num_steps * repeats),
-    }
-
-
 # ---------------------------------------------------------------------------- output
 
 
 def progress(message: str) -> None:
     print(f"[benchmark] {message}", file=sys.stderr, flush=True)
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    """Right-aligned columns, first column left-aligned."""
-    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells):
-        return "  ".join(
-            cell.ljust(width) if i == 0 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        )
-
-    return "\n".join(
-        [line(headers), line(["-" * width for width in widths]), *(line(row) for row in rows)]
-    )
-
-
-def throughput_cells(result: dict[str, Any]) -> list[str]:
-    return [
-        f"{result['env_steps_per_s_median']:,.0f}",
-        f"{result['env_steps_per_s_best']:,.0f}",
-        f"{result['env_done_fraction']:.4f}",
-        f"{result['any_done_fraction']:.3f}",
-    ]
-
-
-THROUGHPUT_HEADERS = ["steps/s median", "steps/s best", "done/env-step", "steps w/ done"]
-
-
-def render_report(results: dict[str, Any]) -> str:
-    settings = results["settings"]
-    compile_result = results["compile"]
-    runtime = results["runtime"]
-    sections = [
-        f"BatchEnv benchmark on {runtime['backend']} ({runtime['device_kind']}, "
-        f"{runtime['cpu_count']} CPUs), jax {runtime['jax_version']}; "
-        f"{settings['steps']} steps per call, {settings['repeats']} timed calls, "
-        f"random actions",
-        f"Compile, one jitted BatchEnv.step at {compile_result['num_envs']} envs x "
-        f"{compile_result['map_size']}x{compile_result['map_size']}: "
-        f"lower {compile_result['lower_seconds']:.2f} s, "
-        f"compile {compile_result['compile_seconds']:.2f} s, "
-        f"first call {compile_result['first_call_seconds']:.2f} s, "
-        f"steady call {compile_result['steady_call_seconds_median'] * 1e3:.2f} ms",
-    ]
-
-    rows = [
-        [str(r["num_envs"]), str(r["map_size"]), *throughput_cells(r), f"{r['warmup_seconds']:.1f}"]
-        for r in results["throughput"]
-    ]
-    sections.append(
-        f"Throughput, fast path (max_steps {settings['max_steps']}):\n"
-        + format_table(["envs", "map", *THROUGHPUT_HEADERS, "warm-up s"], rows)
-    )
-
-    reset_paths = results["reset_paths"]
-    rows = [
-        [case["done_regime"], case["path"], *throughput_cells(case)]
-        for case in reset_paths["cases"]
-    ]
-    speedups = ", ".join(
-        f"{regime} {value:.2f}x"
-        for regime, value in reset_paths["speedup_step_vs_reference"].items()
-    )
-    sections.append(
-        f"Reset paths at {reset_paths['num_envs']} envs x {reset_paths['map_size']}x"
-        f"{reset_paths['map_size']} ('steps w/ done' = batch steps where the fast path's "
-        f"reset branch ran):\n"
-        + format_table(["done regime", "path", *THROUGHPUT_HEADERS], rows)
-        + f"\nstep speed-up over step_reference: {speedups}"
-    )
-
-    mask = results["action_mask"]
-    rows = [[label, *throughput_cells(mask[label])] for label in ("with_mask", "without_mask")]
-    sections.append(
-        f"Action mask at {mask['num_envs']} envs x {mask['map_size']}x{mask['map_size']}:\n"
-        + format_table(["compute_action_mask", *THROUGHPUT_HEADERS], rows)
-        + f"\naction mask share of step time: {mask['share_percent']:.1f}%"
-    )
-    return "\n\n".join(sections)
 
 
 # ---------------------------------------------------------------------------- main

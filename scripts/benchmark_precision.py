@@ -29,14 +29,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from terra_rl.benchmarking import runtime_info
-from terra_rl.cli import OneLineErrorParser
+from terra_rl.algo.update import policy_outputs
+from terra_rl.choices import PRECISIONS
+from terra_rl.cli.parser import OneLineErrorParser
 from terra_rl.config import PRESETS, ConfigError, TrainConfig, get_preset, resolve
-from terra_rl.device_metrics import host_metrics
-from terra_rl.models import make_policy
-from terra_rl.precision import PRECISIONS
-from terra_rl.trainer import build_trainer, policy_config
-from terra_rl.update import policy_outputs
+from terra_rl.nets.models import make_policy
+from terra_rl.perf.benchmarking import runtime_info
+from terra_rl.run.device_metrics import host_metrics
+from terra_rl.run.trainer import build_trainer, policy_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_train import parse_overrides  # noqa: E402

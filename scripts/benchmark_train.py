@@ -19,10 +19,10 @@ import typing
 
 import jax
 
-from terra_rl.benchmarking import runtime_info
-from terra_rl.cli import OneLineErrorParser
+from terra_rl.cli.parser import OneLineErrorParser
 from terra_rl.config import PRESETS, ConfigError, TrainConfig, get_preset, resolve
-from terra_rl.trainer import build_trainer
+from terra_rl.perf.benchmarking import runtime_info
+from terra_rl.run.trainer import build_trainer
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, typing.Any]:

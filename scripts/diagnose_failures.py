@@ -7,9 +7,9 @@ failure judged from its final state with the scripted solver's planner.
 
 Prints one line per map (outcome, progress, the step of the last progress, the planner's
 steps to finish from the final state, the loop's most frequent actions) and the count of each
-category (`terra_rl/failure_diagnosis.py` defines them): `done`, `loaded dead end`, `targets
-out of reach`, `no dump space`, `planner gave up`, `stalled while solvable`. Bad input exits 2
-with one line.
+category (`terra_rl/analysis/failure_diagnosis.py` defines them): `done`, `loaded dead end`,
+`targets out of reach`, `no dump space`, `planner gave up`, `stalled while solvable`. Bad input
+exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without inst
 import jax  # noqa: E402
 
 from envs.actions import TRACKED, WHEELED  # noqa: E402
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
-from terra_rl.failure_diagnosis import diagnose_episode, summarize  # noqa: E402
-from terra_rl.playback import PlaybackError, load_trained_policy  # noqa: E402
+from terra_rl.analysis.failure_diagnosis import diagnose_episode, summarize  # noqa: E402
+from terra_rl.analysis.playback import PlaybackError, load_trained_policy  # noqa: E402
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 
 AGENT_TYPES = {"tracked": (TRACKED,), "wheeled": (WHEELED,), "both": (TRACKED, WHEELED)}
 

@@ -22,7 +22,7 @@ from envs.maps import (  # noqa: E402
     default_spawn_clearance,
     generate_maps,
 )
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,8 +43,8 @@ from envs.geometry import NUM_HEADINGS  # noqa: E402
 from envs.maps import MAP_TYPES  # noqa: E402
 from envs.params import make_env_params  # noqa: E402
 from envs.render import render_frame_with_status  # noqa: E402
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
-from terra_rl.playback import PlaybackError, load_trained_policy  # noqa: E402
+from terra_rl.analysis.playback import PlaybackError, load_trained_policy  # noqa: E402
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 
 POLICIES = ("random", "eager")
 AGENT_TYPES = {"tracked": A.TRACKED, "wheeled": A.WHEELED}

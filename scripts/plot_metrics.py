@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installation
 
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
-from terra_rl.plotting import PlotError, group_runs, load_run, plot_groups  # noqa: E402
+from terra_rl.analysis.plotting import PlotError, group_runs, load_run, plot_groups  # noqa: E402
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ section once, so a drifting machine moves all sections alike; the median is repo
 steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
 full updates, for TensorBoard or Perfetto, with the compiled update's HLO as
 `update.hlo.txt`: `scripts/trace_top_ops.py DIR` names the ops that take the time).
-Sections: see `terra_rl/profiling.py`. Bad input exits 2 with one line.
+Sections: see `terra_rl/perf/profiling.py`. Bad input exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without inst
 
 import jax  # noqa: E402
 
-from terra_rl.benchmarking import runtime_info  # noqa: E402
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
+from terra_rl.cli.flags import parse_train_args  # noqa: E402
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 from terra_rl.config import ConfigError, resolve  # noqa: E402
-from terra_rl.flags import parse_train_args  # noqa: E402
-from terra_rl.profiling import format_table, profile_update  # noqa: E402
-from terra_rl.trainer import build_trainer  # noqa: E402
+from terra_rl.perf.benchmarking import runtime_info  # noqa: E402
+from terra_rl.perf.profiling import format_table, profile_update  # noqa: E402
+from terra_rl.run.trainer import build_trainer  # noqa: E402
 
 PROG = "profile_rollout_components.py"
 

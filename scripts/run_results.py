@@ -25,15 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run without installation
 
-from terra_rl.cli import OneLineErrorParser  # noqa: E402
-from terra_rl.logger import read_metrics  # noqa: E402
-from terra_rl.standard_tasks import (  # noqa: E402
+from terra_rl.analysis.standard_tasks import (  # noqa: E402
     TASKS,
     markdown_table,
     run_flags,
     run_record,
     summarize,
 )
+from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
+from terra_rl.run.logger import read_metrics  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK_BUDGET = 20_000

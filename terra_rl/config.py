@@ -2,7 +2,7 @@
 step accounting.
 
 A run's configuration is one frozen dataclass. Presets are instances of it; command-line
-flags (`terra_rl.flags`) override preset fields; `resolve` fills the run-time defaults and
+flags (`terra_rl.cli.flags`) override preset fields; `resolve` fills the run-time defaults and
 `terra_rl.config_checks.validate` rejects bad values and combinations before anything is
 compiled.
 """
@@ -150,16 +150,18 @@ class TrainConfig:
     inside the PPO loops is slow enough that they had to be unrolled, lax elsewhere."""
     use_compass: bool = False
     """Feed the policy egocentric counts of the tiles to dig, free dump space, soil and
-    obstacles per direction and distance (`terra_rl.compass`)."""
+    obstacles per direction and distance (`terra_rl.features.compass`)."""
     use_dig_distance: bool = False
     """Feed the policy the dig-distance field around it: 8-connected steps over free tiles to
-    the nearest tile from which the arm reaches an undug target (`terra_rl.dig_distance`)."""
+    the nearest tile from which the arm reaches an undug target
+    (`terra_rl.features.dig_distance`)."""
     use_pose_distance: bool = False
     """Feed the policy the base actions (moves, turns, wheel turns) from its state, and after
-    each base action, to the nearest pose whose arm reaches work (`terra_rl.pose_distance`)."""
+    each base action, to the nearest pose whose arm reaches work
+    (`terra_rl.features.pose_distance`)."""
     egocentric_radius: int = 0
     """With > 0, feed the policy the map around the agent, turned to its base heading, a square
-    of 2 * radius + 1 tiles (`terra_rl.egocentric`); 0 turns it off."""
+    of 2 * radius + 1 tiles (`terra_rl.features.egocentric`); 0 turns it off."""
     map_pool: int = 1
     """Average the global map channels over map_pool x map_pool tiles before the map encoder
     (a divisor of map_size): 2 at 32x32 feeds the encoder 16x16, a quarter of the flat
@@ -197,7 +199,7 @@ class TrainConfig:
     init_params: str = ""
     """A run directory whose checkpointed policy parameters this run starts from (a warm
     start: fresh optimizer, counters and envs; the network's shapes must match,
-    `terra_rl.warm_start`); empty = random initial parameters. Ignored on --resume."""
+    `terra_rl.run.warm_start`); empty = random initial parameters. Ignored on --resume."""
     init_params_checkpoint: str = "latest"
     """Which checkpoint of --init_params: latest, best or an update number."""
     runs_dir: str = "runs"

@@ -5,9 +5,8 @@ compiled or written. The allowed values of the choice fields live here too.
 
 from __future__ import annotations
 
+from terra_rl.choices import GYMNAX_ACTIVATIONS, IMAGE_ENCODERS, MAP_ENCODERS, PRECISIONS
 from terra_rl.config import ConfigError, TrainConfig
-from terra_rl.models import GYMNAX_ACTIVATIONS, IMAGE_ENCODERS, MAP_ENCODERS
-from terra_rl.precision import PRECISIONS
 
 CONV_IMPLS = ("auto", "lax", "patches")
 

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-import terra_rl.main as train_main  # noqa: E402
-from terra_rl import distributed  # noqa: E402
-from terra_rl.checkpointing import CheckpointStore  # noqa: E402
-from terra_rl.logger import NullRunLogger, RunLogger  # noqa: E402
-from terra_rl.train_loop import train  # noqa: E402
+import terra_rl.cli.main as train_main  # noqa: E402
+from terra_rl.run import distributed  # noqa: E402
+from terra_rl.run.checkpointing import CheckpointStore  # noqa: E402
+from terra_rl.run.logger import NullRunLogger, RunLogger  # noqa: E402
+from terra_rl.run.train_loop import train  # noqa: E402
 
 
 def local_rows(leaf) -> np.ndarray:

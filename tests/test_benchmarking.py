@@ -1,11 +1,11 @@
-"""`terra_rl.benchmarking`: timing helpers of the benchmark scripts and the profiler. No
+"""`terra_rl.perf.benchmarking`: timing helpers of the benchmark scripts and the profiler. No
 figure is asserted, only which calls were timed, in which order."""
 
 from __future__ import annotations
 
 import pytest
 
-from terra_rl.benchmarking import time_in_rounds, time_repeated
+from terra_rl.perf.benchmarking import time_in_rounds, time_repeated
 
 
 def test_time_in_rounds_times_every_call_once_a_round_in_order():

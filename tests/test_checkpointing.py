@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 from flax.training.train_state import TrainState
 
-from terra_rl.checkpointing import DEFAULT_BEST_METRIC, CheckpointError, CheckpointStore
+from terra_rl.run.checkpointing import DEFAULT_BEST_METRIC, CheckpointError, CheckpointStore
 
 NUM_DEVICES = 4
 BEST = DEFAULT_BEST_METRIC

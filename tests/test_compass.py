@@ -1,4 +1,4 @@
-"""The compass (`terra_rl.compass`): tile counts per sector and distance in the base frame.
+"""The compass (`terra_rl.features.compass`): tile counts per sector and distance in the base frame.
 
 Hand-built observations with known tiles check the bins, the layers and the counts; a map
 rotated by 90 degrees with the heading turned by 3 sectors must give the same compass (the
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hand_built_obs import SIZE, hand_built_obs
 
-from terra_rl.compass import (
+from terra_rl.features.compass import (
     LAYERS,
     NUM_DISTANCE_BINS,
     NUM_FEATURES,
@@ -22,8 +22,8 @@ from terra_rl.compass import (
     compass,
     compass_bins,
 )
-from terra_rl.models import ExcavationPolicy, PolicyConfig
-from terra_rl.parameters import count_parameters
+from terra_rl.nets.models import ExcavationPolicy, PolicyConfig
+from terra_rl.nets.parameters import count_parameters
 from terra_rl.validation import small
 
 

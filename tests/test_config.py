@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from terra_rl.cli.flags import parse_train_args
 from terra_rl.config import (
     AUTO_UPDATES_PER_DISPATCH,
     PRESETS,
@@ -19,7 +20,6 @@ from terra_rl.config import (
     resolve,
 )
 from terra_rl.config_checks import validate
-from terra_rl.flags import parse_train_args
 from terra_rl.validation import small
 
 REPO = Path(__file__).resolve().parents[1]

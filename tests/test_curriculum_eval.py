@@ -15,10 +15,10 @@ from envs import CurriculumConfig, EnvConfig, ExcavationEnv
 from envs import actions as A
 from envs.maps import MAP_TYPES, generate_maps
 from envs.state import CurriculumState
-from terra_rl import ppo
+from terra_rl.adapters.train_env import ExcavationTrainEnv, held_out_maps, make_train_envs
+from terra_rl.algo import ppo
+from terra_rl.algo.update import AXIS, curriculum_metrics
 from terra_rl.config import ConfigError, TrainConfig, resolve
-from terra_rl.train_env import ExcavationTrainEnv, held_out_maps, make_train_envs
-from terra_rl.update import AXIS, curriculum_metrics
 from terra_rl.validation import small
 
 

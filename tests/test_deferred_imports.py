@@ -1,5 +1,5 @@
-"""`terra_rl.deferred_imports`: a deferred module loads on first use and only then, leaves no
-stand-in behind, and gymnax comes up without its renderers' plotting libraries."""
+"""`terra_rl.adapters.deferred_imports`: a deferred module loads on first use and only then,
+leaves no stand-in behind, and gymnax comes up without its renderers' plotting libraries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from terra_rl.deferred_imports import DeferredModule, deferring
+from terra_rl.adapters.deferred_imports import DeferredModule, deferring
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def test_gymnax_comes_up_without_its_plotting_libraries():
     """In a fresh interpreter (the suite's own may have loaded them already)."""
     code = textwrap.dedent("""
         import sys
-        from terra_rl.gymnax_env import GymnaxBatchEnv
+        from terra_rl.adapters.gymnax_env import GymnaxBatchEnv
         plotting = ("seaborn", "pandas", "scipy", "matplotlib", "matplotlib.pyplot")
         loaded = [m for m in plotting if m in sys.modules]
         assert not loaded, loaded

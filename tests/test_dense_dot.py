@@ -1,4 +1,4 @@
-"""`terra_rl.dense_dot`: the Dense matmul whose kernel gradient XLA:CPU computes in the fast
+"""`terra_rl.nets.dense_dot`: the Dense matmul whose kernel gradient XLA:CPU computes in the fast
 operand order. Its outputs and gradients must be autodiff's to the bit, and the fast order
 must survive XLA's simplifier."""
 
@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terra_rl.dense_dot import cpu_dense_dot_general, dense_dot, dense_dot_general_for_backend
+from terra_rl.nets.dense_dot import cpu_dense_dot_general, dense_dot, dense_dot_general_for_backend
 
 
 def _loss(dot):

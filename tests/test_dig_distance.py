@@ -1,7 +1,6 @@
-"""The dig-distance field (`terra_rl.dig_distance`): parity with a plain breadth-first search,
-blocked tiles, detours, the last stage (soil outside the dump zones, carried to a free zone
-tile), the features seen from
-the base heading, and the policy input."""
+"""The dig-distance field (`terra_rl.features.dig_distance`): parity with a plain breadth-first
+search, blocked tiles, detours, the last stage (soil outside the dump zones, carried to a free
+zone tile), the features seen from the base heading, and the policy input."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terra_rl.dig_distance import (
+from terra_rl.features.dig_distance import (
     NUM_FEATURES,
     dig_distance_features,
     dig_distance_field,
@@ -22,8 +21,8 @@ from terra_rl.dig_distance import (
     field_at,
     unreachable_distance,
 )
-from terra_rl.models import ExcavationPolicy, PolicyConfig
-from terra_rl.parameters import count_parameters
+from terra_rl.nets.models import ExcavationPolicy, PolicyConfig
+from terra_rl.nets.parameters import count_parameters
 from terra_rl.validation import small
 
 N = 16
@@ -134,7 +133,7 @@ def test_the_packed_search_gives_the_field_at_its_query_tiles(size):
 def test_the_packed_ring_cover_equals_a_plain_one(size):
     """`work_in_reach` dilates the work tiles by the arm's ring on packed maps: the same
     positions as ORing the plain shifted maps, one per ring offset, near the edges too."""
-    from terra_rl.dig_distance import _ring_cover, ring_offsets
+    from terra_rl.features.dig_distance import _ring_cover, ring_offsets
 
     tiles = np.random.default_rng(size).random((3, size, size)) < 0.02
     tiles[0, 0, 0] = tiles[0, -1, -1] = tiles[1, 0, -1] = True

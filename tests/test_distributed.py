@@ -27,10 +27,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from terra_rl.checkpointing import CheckpointError, CheckpointStore
-from terra_rl.flags import parse_train_args
-from terra_rl.logger import read_metrics
-from terra_rl.main import main
+from terra_rl.cli.flags import parse_train_args
+from terra_rl.cli.main import main
+from terra_rl.run.checkpointing import CheckpointError, CheckpointStore
+from terra_rl.run.logger import read_metrics
 from terra_rl.validation.small import PLAIN_ENV_FLAGS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def test_launch_flags_stay_out_of_the_config():
 SLURM_PROBE = """
 import jax
 from jax._src import distributed as jax_distributed
-from terra_rl.distributed import DistributedOptions, initialize
+from terra_rl.run.distributed import DistributedOptions, initialize
 initialize(DistributedOptions(enabled=True))
 print(jax.process_count(), jax.process_index(), jax_distributed.global_state.coordinator_address,
       jax.config.read("jax_cuda_visible_devices"))

@@ -1,5 +1,5 @@
-"""The egocentric view (`terra_rl.egocentric`): the map around the agent, turned to its base
-heading.
+"""The egocentric view (`terra_rl.features.egocentric`): the map around the agent, turned to
+its base heading.
 
 Hand-built observations with known tiles check where a tile lands for each heading, that
 tiles off the map read as blocked, and that a map turned by 90 degrees with the heading
@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from hand_built_obs import SIZE, hand_built_obs
 
-from terra_rl.compass import LAYERS
 from terra_rl.config import ConfigError, TrainConfig
 from terra_rl.config_checks import validate
-from terra_rl.egocentric import egocentric_view, view_offsets
-from terra_rl.models import ExcavationPolicy, PolicyConfig
-from terra_rl.parameters import count_parameters
+from terra_rl.features.compass import LAYERS
+from terra_rl.features.egocentric import egocentric_view, view_offsets
+from terra_rl.nets.models import ExcavationPolicy, PolicyConfig
+from terra_rl.nets.parameters import count_parameters
 from terra_rl.validation import small
 from terra_rl.validation.references import expected_parameter_count
 

@@ -335,8 +335,8 @@ def test_undoing_and_redoing_progress_is_not_new_progress(stalling_step):
 
 
 def test_evaluation_envs_never_stall():
+    from terra_rl.adapters.train_env import excavation_env_config
     from terra_rl.config import TrainConfig
-    from terra_rl.train_env import excavation_env_config
 
     config = TrainConfig(map_size=16, stall_steps=50)
     assert excavation_env_config(config, training=True).stall_steps == 50

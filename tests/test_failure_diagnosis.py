@@ -1,4 +1,4 @@
-"""`terra_rl.failure_diagnosis`: hand-built final states get the verdict their construction
+"""`terra_rl.analysis.failure_diagnosis`: hand-built final states get the verdict their construction
 implies. (`scripts/diagnose_failures.py` on a tiny trained run is tested in test_trainer.py,
 beside the other scripts that read the run its session fixture trains.)"""
 
@@ -11,7 +11,7 @@ import numpy as np
 from envs.actions import TRACKED
 from envs.config import EnvConfig
 from envs.solver_planner import Planner
-from terra_rl.failure_diagnosis import judge_final_state
+from terra_rl.analysis.failure_diagnosis import judge_final_state
 
 N = 16
 AGENT = (8, 8)
@@ -69,7 +69,7 @@ def test_a_load_whose_every_dump_the_mask_forbids_is_told_apart():
     never be dumped although tiles take it. With the full-turn rule (the default), with the
     cut-off rule off, or with an empty bucket, it is not `dumps_masked`."""
     from envs.env import ExcavationEnv
-    from terra_rl.failure_diagnosis import dumps_masked
+    from terra_rl.analysis.failure_diagnosis import dumps_masked
     from tests.test_env_actions import N as N32
     from tests.test_env_actions import build
     from tests.test_env_rules import wall_dump_maps

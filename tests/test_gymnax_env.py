@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terra_rl.gymnax_env import GymnaxBatchEnv, make_gymnax_env, parse_env_id
+from terra_rl.adapters.gymnax_env import GymnaxBatchEnv, make_gymnax_env, parse_env_id
 
 NUM_ENVS = 8
 INFO_KEYS = {"final_observation", "task_done", "episode_progress", "action_mask"}

@@ -29,7 +29,7 @@ import numpy as np
 from envs.maps import MAP_TYPES, MapSet
 from envs.params import params_from_maps
 from terra_rl.config import TrainConfig, resolve
-from terra_rl.trainer import build_trainer
+from terra_rl.run.trainer import build_trainer
 
 FREE = slice(3, 13)
 SPAWN_SQUARE = range(4, 11)  # rows and cols of the spawn square around (7, 7): no targets

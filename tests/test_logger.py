@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from terra_rl.logger import (
+from terra_rl.run.logger import (
     MetricsWriter,
     ProgressDisplay,
     RunLogger,
@@ -298,8 +298,8 @@ def test_run_logger_composes_metrics_wandb_and_progress(no_wandb_account):
 
 def test_a_resumed_run_continues_its_wandb_run(no_wandb_account):
     """train_mixed.py keeps the W&B run id in the run directory and passes it back on resume."""
+    from terra_rl.cli.main import WANDB_ID_FILE, make_logger
     from terra_rl.config import TrainConfig
-    from terra_rl.main import WANDB_ID_FILE, make_logger
 
     config = TrainConfig(num_devices=1, wandb_mode="offline", run_name="resumed")
     with make_logger(no_wandb_account, config, ()) as first:

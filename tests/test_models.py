@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from envs import actions as A
-from terra_rl.models import (
+from terra_rl.features.policy_inputs import map_channels, map_input, pool_tiles
+from terra_rl.nets.models import (
     ExcavationPolicy,
     GymnaxCNNPolicy,
     GymnaxMLPPolicy,
@@ -27,8 +28,7 @@ from terra_rl.models import (
     uses_convolutions,
     with_derived_features,
 )
-from terra_rl.parameters import count_parameters, parameter_groups
-from terra_rl.policy_inputs import map_channels, map_input, pool_tiles
+from terra_rl.nets.parameters import count_parameters, parameter_groups
 from terra_rl.validation import references, small
 
 NUM_ACTIONS = A.NUM_ACTIONS

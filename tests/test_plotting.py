@@ -1,5 +1,5 @@
-"""`scripts/plot_metrics.py` and `terra_rl.plotting` on synthetic run directories: seed groups,
-mean and min-max bands, a torn last line, a run resumed without truncation, and the PNG."""
+"""`scripts/plot_metrics.py` and `terra_rl.analysis.plotting` on synthetic run directories: seed
+groups, mean and min-max bands, a torn last line, a run resumed without truncation, and the PNG."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from terra_rl.plotting import group_runs, load_run, plot_groups, seed_band
+from terra_rl.analysis.plotting import group_runs, load_run, plot_groups, seed_band
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "plot_metrics.py"
 

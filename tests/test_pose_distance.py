@@ -1,4 +1,4 @@
-"""The pose distance (`terra_rl.pose_distance`): parity with the env's own base actions on
+"""The pose distance (`terra_rl.features.pose_distance`): parity with the env's own base actions on
 random walks over generated maps, tracked and wheeled (the distance after an action is the
 distance at the state it leads to, blocked actions read far, the breadth-first search's
 recurrence holds), hand-built maps with a known answer, and the policy input."""
@@ -17,17 +17,17 @@ import pytest
 from envs import actions as A
 from envs.config import EnvConfig
 from terra_rl.config import get_preset
-from terra_rl.dig_distance import dig_distance_features, work_in_reach
-from terra_rl.models import ExcavationPolicy, PolicyConfig
-from terra_rl.parameters import count_parameters
-from terra_rl.policy_inputs import derived_features
-from terra_rl.pose_distance import (
+from terra_rl.features.dig_distance import dig_distance_features, work_in_reach
+from terra_rl.features.policy_inputs import derived_features
+from terra_rl.features.pose_distance import (
     NUM_FEATURES,
     max_distance,
     pose_distance_features,
     pose_distances,
 )
-from terra_rl.trainer import policy_config
+from terra_rl.nets.models import ExcavationPolicy, PolicyConfig
+from terra_rl.nets.parameters import count_parameters
+from terra_rl.run.trainer import policy_config
 from terra_rl.validation import small
 from tests.hand_built_obs import SIZE, hand_built_obs
 

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 import pytest
 
-from terra_rl import ppo
+from terra_rl.algo import ppo
+from terra_rl.algo.update import shuffled_minibatches
 from terra_rl.config import get_preset
-from terra_rl.update import shuffled_minibatches
 from terra_rl.validation.references import GAE_GAMMA, GAE_LAMBDA, jax_gae
 from terra_rl.validation.references import hand_built_gae_inputs as hand_built
 

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from test_trainer import NUM_DEVICES, leaves_equal, tiny_config
 
-from terra_rl import loss_scaling
-from terra_rl.checkpointing import CheckpointStore
-from terra_rl.device_metrics import host_metrics
-from terra_rl.loss_scaling import LossScale, next_loss_scale
-from terra_rl.models import PolicyConfig, make_policy
-from terra_rl.ppo import categorical_entropy, categorical_log_prob
-from terra_rl.trainer import build_trainer
-from terra_rl.update import policy_outputs
+from terra_rl.algo.ppo import categorical_entropy, categorical_log_prob
+from terra_rl.algo.update import policy_outputs
+from terra_rl.nets import loss_scaling
+from terra_rl.nets.loss_scaling import LossScale, next_loss_scale
+from terra_rl.nets.models import PolicyConfig, make_policy
+from terra_rl.run.checkpointing import CheckpointStore
+from terra_rl.run.device_metrics import host_metrics
+from terra_rl.run.trainer import build_trainer
 
 HALF_PRECISIONS = ("bfloat16", "float16")
 # Largest |log pi(a)| error of the half-precision encoders against the float32 network on

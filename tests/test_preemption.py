@@ -23,9 +23,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from terra_rl.checkpointing import CheckpointStore
-from terra_rl.logger import read_metrics
-from terra_rl.main import EXIT_STOPPED, StopRequest
+from terra_rl.cli.main import EXIT_STOPPED, StopRequest
+from terra_rl.run.checkpointing import CheckpointStore
+from terra_rl.run.logger import read_metrics
 from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ def test_stop_request_catches_sigterm_and_sigusr1_and_ignores_repeats(capsys):
 # for 600 s (a lowering that sleeps), prints a line, then ends as CASE says.
 CLI_SCRIPT = """
 import sys, time
-import terra_rl.main as entry
-from terra_rl.trainer import _compile, background_compiles_running
+import terra_rl.cli.main as entry
+from terra_rl.run.trainer import _compile, background_compiles_running
 
 def fake_main():
     _compile(lambda: time.sleep(600), time.perf_counter(), True, "slow-compile")

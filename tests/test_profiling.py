@@ -80,7 +80,7 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
         shares = [row["share"] for row in summary[table]]
         assert shares == sorted(shares, reverse=True) and sum(shares) == pytest.approx(1.0)
     files = {row["name"] for row in summary["by_file"]}
-    assert {"envs/env.py", "terra_rl/models.py"} <= files, files
+    assert {"envs/env.py", "terra_rl/nets/models.py"} <= files, files
     assert sum(op["location"] != "" for op in summary["ops"]) > len(summary["ops"]) / 2
 
 
@@ -104,7 +104,7 @@ def test_a_bad_train_flag_names_the_profiler(capsys):
 def test_the_table_gives_no_rate_for_the_host_overhead():
     """The host overhead is what a logged update adds, not a path with a rate: its row has
     seconds only (a near-zero overhead printed as trillions of env steps/s before)."""
-    from terra_rl.profiling import Section, format_table
+    from terra_rl.perf.profiling import Section, format_table
 
     sections = [Section("env_step", 0.25, 1, 2048), Section("full_update", 0.5, 1, 2048),
                 Section("host_overhead", 1e-9, 1, 2048)]

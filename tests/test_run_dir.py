@@ -10,8 +10,8 @@ import subprocess
 import jax
 import pytest
 
-from terra_rl import run_dir as run_dir_module
-from terra_rl.run_dir import (
+from terra_rl.run import run_dir as run_dir_module
+from terra_rl.run.run_dir import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
     MANIFEST_FILE,

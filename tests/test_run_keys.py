@@ -1,4 +1,4 @@
-"""The run's keys from its seed (`terra_rl.run_keys`): the host key equals
+"""The run's keys from its seed (`terra_rl.algo.run_keys`): the host key equals
 `jax.random.PRNGKey`, and the keys derived inside a pmapped program equal the eager
 `fold_in` and `split` they replace. `tests/test_trainer.py` checks the trainer's first
 state against the eager keys."""
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from terra_rl.run_keys import EVAL_STREAM, INIT_STREAM, device_key, seed_key
+from terra_rl.algo.run_keys import EVAL_STREAM, INIT_STREAM, device_key, seed_key
 
 SEEDS = [0, 7, 123_456, -1, -(2**31), -(2**31) - 1, 2**31, 2**32 - 1, 2**32 + 5, 2**40 + 7,
          2**63 - 1, -(2**63)]

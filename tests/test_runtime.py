@@ -1,4 +1,4 @@
-"""The runtime preflight (`terra_rl.runtime`, `scripts/euler/check_jax_runtime.py`).
+"""The runtime preflight (`terra_rl.ops.runtime`, `scripts/euler/check_jax_runtime.py`).
 
 In-process checks run on conftest's 4 forced CPU devices; failures are simulated (too many
 devices asked, a fake site-packages tree, an injected NaN conv, a psum that does not sum).
@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from terra_rl import runtime, runtime_cli
-from terra_rl.precision import PRECISIONS
-from terra_rl.runtime import FAIL, PASS, SKIP, PreflightOptions, PreflightState
+from terra_rl.choices import PRECISIONS
+from terra_rl.ops import cuda_libs, preflight_types, runtime, runtime_checks, runtime_cli
+from terra_rl.ops.preflight_types import FAIL, PASS, SKIP, PreflightOptions, PreflightState
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "euler" / "check_jax_runtime.py"
@@ -73,7 +73,7 @@ def test_wrong_platform_skips_the_device_checks():
 def fake_site_packages(root: Path, skip: tuple[str, ...] = (), empty: tuple[str, ...] = ()):
     """A site-packages tree with the pip CUDA wheels' lib dirs; returns the lib dirs made."""
     made = []
-    for name, relative, pattern in runtime.CUDA_WHEEL_LIBS:
+    for name, relative, pattern in cuda_libs.CUDA_WHEEL_LIBS:
         if name in skip:
             continue
         directory = root / relative
@@ -131,13 +131,13 @@ def test_cuda_libs_check_finds_the_cuda13_layout(tmp_path):
 
 
 def test_injected_nan_conv_fails_with_exit_12(monkeypatch):
-    real_probe = runtime.make_conv_probe
+    real_probe = runtime_checks.make_conv_probe
 
     def nan_probe(dtype):
         probe = real_probe(dtype)
         return lambda x, kernels: probe(x * jnp.nan, kernels)
 
-    monkeypatch.setattr(runtime, "make_conv_probe", nan_probe)
+    monkeypatch.setattr(runtime_checks, "make_conv_probe", nan_probe)
     report = runtime.run_preflight(dataclasses.replace(CPU4, train_smoke=True))
     assert report.exit_code == 12 and report.failed_check == "conv"
     conv = report.results[2]
@@ -170,16 +170,16 @@ def test_crashing_check_fails_with_its_code_and_full_error_in_json(tmp_path):
 
 
 def test_first_failing_check_in_registry_order_decides_the_exit_code():
-    results = [runtime.CheckResult(name, FAIL, 0.0, "") for name in ("psum", "conv")]
+    results = [preflight_types.CheckResult(name, FAIL, 0.0, "") for name in ("psum", "conv")]
     assert runtime.exit_code_for(results) == 12
-    assert runtime.exit_code_for([runtime.CheckResult("psum", SKIP, 0.0, "")]) == 0
+    assert runtime.exit_code_for([preflight_types.CheckResult("psum", SKIP, 0.0, "")]) == 0
     codes = [check.exit_code for check in runtime.CHECKS]
     assert codes == sorted(set(codes)) == [10, 11, 12, 13, 14]
 
 
 def test_smoke_config_is_one_small_update_on_procedural_maps(monkeypatch):
     monkeypatch.setenv("DATASET_PATH", "/no/such/dataset")
-    config = runtime.smoke_config(4, "bfloat16")
+    config = runtime_checks.smoke_config(4, "bfloat16")
     assert config.num_updates == 1 and config.num_devices == 4
     assert config.env_steps_per_update == 8 * 8 * 4
     assert config.precision == "bfloat16" and config.dataset_path == ""
@@ -215,7 +215,7 @@ def run_script(*args: str, code: str | None = None):
     else:
         command = [sys.executable, "-c",
                    f"import sys; sys.path.insert(0, {str(REPO)!r}); {code}; "
-                   f"from terra_rl.runtime_cli import main; sys.exit(main({list(args)!r}))"]
+                   f"from terra_rl.ops.runtime_cli import main; sys.exit(main({list(args)!r}))"]
     return subprocess.run(command, env=script_env(), capture_output=True, text=True,
                           timeout=120, cwd=REPO)
 
@@ -260,7 +260,8 @@ def test_script_missing_library_directory_exits_10(tmp_path):
 
 
 def test_script_injected_conv_failure_exits_12():
-    inject = ("import jax.numpy as jnp, terra_rl.runtime as r; real = r.make_conv_probe; "
+    inject = ("import jax.numpy as jnp, terra_rl.ops.runtime_checks as r; "
+              "real = r.make_conv_probe; "
               "r.make_conv_probe = lambda d: (lambda x, k: real(d)(x * jnp.inf, k))")
     result = run_script("--platform", "cpu", code=inject)
     assert result.returncode == 12, result.stdout + result.stderr
@@ -302,7 +303,7 @@ def test_help_documents_every_exit_code_and_parsing_imports_no_jax():
     assert "2  bad command line" in result.stdout
     assert runtime_cli.PRECISIONS == PRECISIONS
     # JAX reads JAX_PLATFORMS at import: parsing flags must not import it.
-    probe = ("import sys; from terra_rl import runtime_cli; "
+    probe = ("import sys; from terra_rl.ops import runtime_cli; "
              "runtime_cli.parse_options(['--platform', 'cpu']); print('jax' in sys.modules)")
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                               timeout=60, cwd=REPO)

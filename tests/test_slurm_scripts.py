@@ -361,8 +361,8 @@ def sbatch_setting(text: str, name: str) -> str | None:
 def test_sbatch_defaults_make_a_valid_config_for_their_gpus(script):
     """Each script's preset(s), its smoke flags and its default flags resolve on the GPU count
     its #SBATCH lines allocate (nodes x GPUs per node)."""
+    from terra_rl.cli.flags import parse_train_args
     from terra_rl.config import PRESETS, resolve
-    from terra_rl.flags import parse_train_args
 
     text = script.read_text()
     gpus = sbatch_setting(text, "gpus-per-node") or sbatch_setting(text, "gpus")

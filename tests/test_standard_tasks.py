@@ -7,9 +7,7 @@ import math
 import jax
 import pytest
 
-from terra_rl.config import resolve
-from terra_rl.flags import parse_train_args
-from terra_rl.standard_tasks import (
+from terra_rl.analysis.standard_tasks import (
     NUM_EVALS,
     TASKS,
     markdown_table,
@@ -18,6 +16,8 @@ from terra_rl.standard_tasks import (
     summarize,
     updates_of,
 )
+from terra_rl.cli.flags import parse_train_args
+from terra_rl.config import resolve
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))

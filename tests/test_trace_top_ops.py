@@ -14,7 +14,7 @@ HLO = """HloModule jit__fun, is_scheduled=true
 
 FileNames
 1 "/work/repo/envs/env.py"
-2 "/work/repo/terra_rl/models.py"
+2 "/work/repo/terra_rl/nets/models.py"
 
 FunctionNames
 1 "ExcavationEnv.step"
@@ -68,7 +68,7 @@ def test_ops_are_named_by_their_source_line_and_summed_per_update(trace_dir):
     sources = script.parse_hlo_sources(HLO)
     assert sources["fusion.1"].location == "envs/env.py:10 (ExcavationEnv.step)"
     assert sources["fusion.1"].op_name == "BatchEnv.step/add"
-    assert sources["dot.2"].location == "terra_rl/models.py:42 (Policy.__call__)"
+    assert sources["dot.2"].location == "terra_rl/nets/models.py:42 (Policy.__call__)"
     assert sources["copy.3"] == script.OpSource("copy", "")
     events = script.load_trace_events(trace_dir, script.hlo_module_name(HLO))
     assert sorted(e["args"]["hlo_op"] for e in events) == [
@@ -79,7 +79,7 @@ def test_ops_are_named_by_their_source_line_and_summed_per_update(trace_dir):
         == [("dot.2", 1.5, 1.0), ("fusion.1", 1.0, 1.0), ("copy.3", 0.25, 0.5)]
     assert summary["device_op_ms_per_update"] == pytest.approx(2.75)
     assert [(r["name"], r["ms_per_update"]) for r in summary["by_file"]] == [
-        ("terra_rl/models.py", 1.5), ("envs/env.py", 1.0), ("(no source line)", 0.25)]
+        ("terra_rl/nets/models.py", 1.5), ("envs/env.py", 1.0), ("(no source line)", 0.25)]
     assert summary["ops"][0]["share"] == pytest.approx(1.5 / 2.75)
     # busy 0-1500, 2000-3000, 3500-5500, 6000-6500 = 5000 us of a 6500 us span
     assert summary["busy_share"] == pytest.approx(5000 / 6500)
@@ -89,7 +89,7 @@ def test_cli_prints_the_tables_and_writes_json(trace_dir, capsys, tmp_path):
     out = tmp_path / "top.json"
     assert TOP_OPS.main([str(trace_dir), "--updates", "2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "terra_rl/models.py:42 (Policy.__call__)" in printed
+    assert "terra_rl/nets/models.py:42 (Policy.__call__)" in printed
     assert json.loads(out.read_text())["ops"][0]["hlo_op"] == "dot.2"
 
 

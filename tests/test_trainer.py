@@ -24,23 +24,23 @@ import orbax.checkpoint as ocp
 import pytest
 from PIL import Image
 
-import terra_rl.main
-from terra_rl.checkpointing import CheckpointStore
+import terra_rl.cli.main
+from terra_rl.algo.run_keys import INIT_STREAM, PARAMS_STREAM
+from terra_rl.analysis.failure_diagnosis import CATEGORIES
+from terra_rl.cli.main import main
 from terra_rl.config import TrainConfig, resolve
-from terra_rl.device_metrics import host_metrics
-from terra_rl.failure_diagnosis import CATEGORIES
-from terra_rl.logger import RunLogger, read_metrics
-from terra_rl.main import main
-from terra_rl.run_keys import INIT_STREAM, PARAMS_STREAM
-from terra_rl.train_loop import TrainResult, train
-from terra_rl.trainer import (
+from terra_rl.run.checkpointing import CheckpointStore
+from terra_rl.run.device_metrics import host_metrics
+from terra_rl.run.logger import RunLogger, read_metrics
+from terra_rl.run.train_loop import TrainResult, train
+from terra_rl.run.trainer import (
     EVAL_COMPILER_OPTIONS,
     INIT_COMPILER_OPTIONS,
     build_trainer,
     policy_config,
 )
+from terra_rl.run.warm_start import WarmStartError, load_init_params
 from terra_rl.validation.small import SMOKE_FIELDS
-from terra_rl.warm_start import WarmStartError, load_init_params
 
 NUM_DEVICES = 4
 # The validation gates' tiny shapes, logging, evaluating and checkpointing often.
@@ -653,7 +653,7 @@ def test_cli_warm_start_passes_the_checkpoint_or_stops_with_one_line(tiny_cli_ru
         passed.update(kwargs)
         return TrainResult(None, 0, 0, {}, {}, 0.0)
 
-    monkeypatch.setattr(terra_rl.main, "train", fake_train)
+    monkeypatch.setattr(terra_rl.cli.main, "train", fake_train)
     restored = ocp.StandardCheckpointer().restore(trained / "checkpoints" / "2" / "state")
     expected = jax.tree.map(lambda x: np.asarray(x)[0], restored["policy"]["params"])
     flags = cli_flags(tmp_path, "warm")

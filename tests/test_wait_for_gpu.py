@@ -1,4 +1,4 @@
-"""`scripts/euler/wait_for_gpu.py` and `terra_rl.gpu_wait`: polling logic with a fake clock,
+"""`scripts/euler/wait_for_gpu.py` and `terra_rl.ops.gpu_wait`: polling logic with a fake clock,
 and the script end to end with a fake `nvidia-smi` on PATH (no JAX, no GPU)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from terra_rl import gpu_wait
+from terra_rl.ops import gpu_wait
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "euler" / "wait_for_gpu.py"
 

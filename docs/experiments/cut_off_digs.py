@@ -26,7 +26,7 @@ from envs import actions as A
 from envs.reachability import make_targets_cut_off
 from envs.solver import jitted_env_functions
 from envs.solver_planner import Planner
-from terra_rl.playback import load_trained_policy
+from terra_rl.analysis.playback import load_trained_policy
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ cross-entropy on the masked logits plus 0.5 x the squared error of the value aga
 discounted return (gamma 0.99), Adam 1e-3 cosine-annealed, 512 per batch, 15 epochs (the
 first 5% of the episodes kept out to measure accuracy on demonstrations not trained on), then
 greedy and sampled completion on the 64 held-out maps with the planner's judgement of each
-failure (`terra_rl.failure_diagnosis`). Maps come from seeds of their own and any map of the
-held-out pool is skipped. Run from the repository root with `.venv/bin/python`.
+failure (`terra_rl.analysis.failure_diagnosis`). Maps come from seeds of their own and any
+map of the held-out pool is skipped. Run from the repository root with `.venv/bin/python`.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ from envs.maps import generate_maps  # noqa: E402
 from envs.params import params_from_maps  # noqa: E402
 from envs.solver import jitted_env_functions  # noqa: E402
 from envs.solver_planner import Planner  # noqa: E402
+from terra_rl.adapters.train_env import excavation_env_config, make_train_envs  # noqa: E402
+from terra_rl.algo.update import policy_outputs  # noqa: E402
+from terra_rl.analysis.failure_diagnosis import diagnose_episode, summarize  # noqa: E402
+from terra_rl.analysis.playback import TrainedPolicy  # noqa: E402
 from terra_rl.config import get_preset, resolve  # noqa: E402
-from terra_rl.failure_diagnosis import diagnose_episode, summarize  # noqa: E402
-from terra_rl.models import make_policy  # noqa: E402
-from terra_rl.playback import TrainedPolicy  # noqa: E402
-from terra_rl.train_env import excavation_env_config, make_train_envs  # noqa: E402
-from terra_rl.trainer import policy_config  # noqa: E402
-from terra_rl.update import policy_outputs  # noqa: E402
+from terra_rl.nets.models import make_policy  # noqa: E402
+from terra_rl.run.trainer import policy_config  # noqa: E402
 
 GAMMA = 0.99
 TRACKED = 0

@@ -25,8 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from terra_rl import distributed, trainer, update  # noqa: E402
-from terra_rl.main import main  # noqa: E402
+from terra_rl.algo import update
+from terra_rl.cli.main import main  # noqa: E402
+from terra_rl.run import distributed, trainer  # noqa: E402
 
 
 def teacher_kl(policy, use_action_mask: bool, teacher, params, obs) -> jax.Array:

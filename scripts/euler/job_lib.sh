@@ -60,7 +60,7 @@ terra_run() {
     return "$status"
 }
 
-# train_mixed.py's exit codes (terra_rl/main.py, docs/OPERATIONS.md).
+# train_mixed.py's exit codes (terra_rl/cli/main.py, docs/OPERATIONS.md).
 TERRA_EXIT_NOTHING_TO_DO=3
 TERRA_EXIT_STOPPED=75
 

@@ -13,15 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from terra_rl.cli import OneLineErrorParser
+from terra_rl import env_vars
+from terra_rl.cli.parser import OneLineErrorParser
 
 PROG = "validate_gates.py"
-CACHE_ENV_VAR = "TERRA_RL_TEST_CACHE"
+CACHE_ENV_VAR = env_vars.TEST_CACHE
 
 
 def default_cache_dir() -> str:
     """The pytest suite's cache (tests/conftest.py), so gates after pytest reuse its compiles."""
-    return os.environ.get(CACHE_ENV_VAR) or str(Path.home() / ".cache/terra_rl/jax-test-cache")
+    return env_vars.get(CACHE_ENV_VAR) or str(Path.home() / ".cache/terra_rl/jax-test-cache")
 
 
 def build_parser() -> OneLineErrorParser:
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.case and not args.list:
         parser.error("give --case NAME (repeatable), --case all or --list")
     if args.jax_platforms:
-        os.environ["JAX_PLATFORMS"] = args.jax_platforms
+        env_vars.set_value("JAX_PLATFORMS", args.jax_platforms)
 
     from envs.dataset import DatasetError
     from envs.params import dataset_from_environment

@@ -1,4 +1,4 @@
-"""Host-loop gates: one real update of the tiny config through `terra_rl.train_loop.train`,
+"""Host-loop gates: one real update of the tiny config through `terra_rl.run.train_loop.train`,
 and the step accounting of every preset on 1, 2 and 4 devices."""
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ class SmokeRun:
 
 @functools.cache
 def smoke_run() -> SmokeRun:
-    """One update of the tiny config through the real host loop (`terra_rl.train_loop.train`):
+    """One update of the tiny config through the real host loop (`terra_rl.run.train_loop.train`):
     trainer built as `train_mixed.py` builds it, metrics logged to metrics.jsonl, a
     checkpoint written; run once per process in a temporary run directory."""
-    from terra_rl.checkpointing import CheckpointStore
-    from terra_rl.logger import RunLogger, read_metrics
-    from terra_rl.train_loop import train
-    from terra_rl.trainer import build_trainer
+    from terra_rl.run.checkpointing import CheckpointStore
+    from terra_rl.run.logger import RunLogger, read_metrics
+    from terra_rl.run.train_loop import train
+    from terra_rl.run.trainer import build_trainer
 
     config = small.smoke_config(log_train_interval=1, log_eval_interval=0, checkpoint_interval=0)
     trainer = build_trainer(config)

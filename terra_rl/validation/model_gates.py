@@ -14,11 +14,10 @@ from envs import ExcavationEnv
 from envs.actions import NUM_ACTIONS
 from envs.maps import MAP_TYPES
 from envs.state import EnvParams
-from terra_rl import ppo
+from terra_rl.algo import ppo
+from terra_rl.choices import PRECISIONS
 from terra_rl.validation import references, small
 from terra_rl.validation.gate import GateOptions, require
-
-PRECISIONS = ("float32", "bfloat16", "float16")
 
 
 def abstract_observations(env: ExcavationEnv, batch_size: int) -> dict:
@@ -41,11 +40,11 @@ def abstract_observations(env: ExcavationEnv, batch_size: int) -> dict:
 
 
 def model_policy(options: GateOptions) -> str:
+    from terra_rl.adapters.train_env import excavation_env_config
     from terra_rl.config import PRESETS
-    from terra_rl.models import make_policy
-    from terra_rl.parameters import count_parameters, parameter_groups
-    from terra_rl.train_env import excavation_env_config
-    from terra_rl.trainer import policy_config
+    from terra_rl.nets.models import make_policy
+    from terra_rl.nets.parameters import count_parameters, parameter_groups
+    from terra_rl.run.trainer import policy_config
 
     batch_size = 4
     counts = []
@@ -97,8 +96,8 @@ def trunk_gradients(separate: bool) -> tuple[dict, dict]:
     observations. The separate-trunk parameters are the shared ones with the encoder copied
     into both trunks, after checking that this is exactly the separate model's own layout
     (which saves a second initialisation)."""
-    from terra_rl.models import make_policy
-    from terra_rl.trainer import policy_config
+    from terra_rl.nets.models import make_policy
+    from terra_rl.run.trainer import policy_config
 
     policy, variables = small.smoke_policy()
     obs, _ = small.small_observations()
@@ -120,7 +119,7 @@ def trunk_gradients(separate: bool) -> tuple[dict, dict]:
 
 
 def model_separate_trunks(options: GateOptions) -> str:
-    from terra_rl.parameters import count_parameters
+    from terra_rl.nets.parameters import count_parameters
 
     sizes = {}
     for separate in (False, True):
@@ -139,8 +138,8 @@ def model_separate_trunks(options: GateOptions) -> str:
 def scaled_gradients(loss_and_grads, params, batch, precision: str):
     """(metrics, grads, loss scale, overflows) at the first loss scale the trainer's dynamic
     scaling accepts: start at `initial_loss_scale(precision)` and back off as
-    `terra_rl.loss_scaling.next_loss_scale` does while the gradients are not finite."""
-    from terra_rl import loss_scaling
+    `terra_rl.nets.loss_scaling.next_loss_scale` does while the gradients are not finite."""
+    from terra_rl.nets import loss_scaling
 
     scale = loss_scaling.init_loss_scale(precision)
     dynamic = loss_scaling.is_dynamic(precision)
@@ -153,8 +152,8 @@ def scaled_gradients(loss_and_grads, params, batch, precision: str):
 
 
 def precision_head_gradients(options: GateOptions) -> str:
-    from terra_rl.precision import gradient_norms
-    from terra_rl.update import make_loss_and_grads
+    from terra_rl.algo.update import make_loss_and_grads
+    from terra_rl.nets.precision import gradient_norms
 
     obs, _ = small.small_observations()
     size = obs["action_mask"].shape[0]

@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from terra_rl import ppo
+from terra_rl.algo import ppo
 
 GAE_GAMMA, GAE_LAMBDA = 0.9, 0.8
-# The compass of docs/MODEL.md, written out here rather than imported from terra_rl.compass.
+# The compass of docs/MODEL.md, written out here rather than imported from
+# terra_rl.features.compass.
 COMPASS_SECTORS, COMPASS_DISTANCE_BINS, COMPASS_LAYERS = 12, 5, 4
 GAE_CASES = ("no_done", "terminal", "truncation", "reset_boundary")
 
@@ -114,8 +115,8 @@ def expected_parameter_count(
     policy_config, map_size: int, num_last_actions: int, num_actions: int
 ) -> int:
     """The excavation policy's parameter count worked out layer by layer from the
-    architecture in docs/MODEL.md (only the layer widths come from `terra_rl.models`)."""
-    from terra_rl import models as M
+    architecture in docs/MODEL.md (only the layer widths come from `terra_rl.nets.models`)."""
+    from terra_rl.nets import models as M
 
     def dense(inputs, outputs):
         return inputs * outputs + outputs

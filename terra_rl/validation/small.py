@@ -239,7 +239,7 @@ def smoke_config(**changes):
 def small_train_env():
     """`small_batch` behind the trainer's env interface (`ExcavationTrainEnv`), so policy
     gates see real observations without compiling another env."""
-    from terra_rl.train_env import ExcavationTrainEnv
+    from terra_rl.adapters.train_env import ExcavationTrainEnv
 
     return ExcavationTrainEnv(small_batch())
 
@@ -267,8 +267,8 @@ def smoke_policy(precision: str = "float32"):
     """(policy module, variables) of the tiny config in `precision`, built as the trainer
     builds it. Parameters are float32 whatever the precision, so one initialisation serves
     every precision (its layout is checked against the precision's own `init`)."""
-    from terra_rl.models import make_policy
-    from terra_rl.trainer import policy_config
+    from terra_rl.nets.models import make_policy
+    from terra_rl.run.trainer import policy_config
 
     obs, _ = small_observations()
     num_actions = small_train_env().num_actions
@@ -286,8 +286,8 @@ def smoke_policy(precision: str = "float32"):
 @functools.cache
 def make_policy_outputs(use_action_mask: bool, precision: str = "float32"):
     """Jitted `outputs(params, obs) -> (logits, value)` of `smoke_policy` as the update
-    computes them (`terra_rl.update.policy_outputs`)."""
-    from terra_rl.update import policy_outputs
+    computes them (`terra_rl.algo.update.policy_outputs`)."""
+    from terra_rl.algo.update import policy_outputs
 
     policy, _ = smoke_policy(precision)
     return jax.jit(lambda params, obs: policy_outputs(policy, params, obs, use_action_mask))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs import actions as A
-from terra_rl import ppo
+from terra_rl.algo import ppo
 from terra_rl.validation import references, small
 from terra_rl.validation.gate import GateOptions, require
 
@@ -46,7 +46,7 @@ def mask_test_logits(dtype, seed: int = 0) -> jax.Array:
 
 
 def ppo_mask(options: GateOptions) -> str:
-    from terra_rl.precision import MASKED_LOGIT, apply_action_mask
+    from terra_rl.nets.precision import MASKED_LOGIT, apply_action_mask
 
     require(
         np.isfinite(MASKED_LOGIT) and MASKED_LOGIT > float(jnp.finfo(jnp.float32).min),
@@ -140,7 +140,6 @@ def ppo_mask(options: GateOptions) -> str:
 
 
 def checkpoint_config_restore(options: GateOptions) -> str:
-    from terra_rl.checkpointing import CheckpointStore
     from terra_rl.config import (
         LEGACY_DEFAULTS,
         ConfigError,
@@ -149,7 +148,8 @@ def checkpoint_config_restore(options: GateOptions) -> str:
         get_preset,
         resolve,
     )
-    from terra_rl.run_dir import create_run_dir, open_run_dir
+    from terra_rl.run.checkpointing import CheckpointStore
+    from terra_rl.run.run_dir import create_run_dir, open_run_dir
 
     # Saved with every legacy field away from its legacy value (bools flipped), so a restore
     # that ignored LEGACY_DEFAULTS would show.
@@ -217,7 +217,7 @@ def checkpoint_config_restore(options: GateOptions) -> str:
 
 
 def timeout_bootstrap_value(options: GateOptions) -> str:
-    from terra_rl.update import make_bootstrap_values_fn
+    from terra_rl.algo.update import make_bootstrap_values_fn
 
     env = small.small_train_env()
     reset, step = small.make_batch_reset(env.batch_env), small.make_step_pair(env.batch_env)

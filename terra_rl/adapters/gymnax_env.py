@@ -1,0 +1,175 @@
+"""`GymnaxBatchEnv`: `num_envs` copies of a discrete-action gymnax environment behind the
+trainer's train-env interface (the same one the excavation env's wrapper provides).
+
+Transitions use the environment's own `env.step` (vmapped), so env-specific `step`
+overrides are honoured; gymnax's `step` resets unconditionally and selects, which is cheap
+for these small environments. Outputs are normalised for the trainer:
+
+- `terminated`: the environment's natural end (pole fell, ball lost, ...).
+- `truncated`: the time limit (`state.time >= params.max_steps_in_episode`) WITHOUT a
+  natural end. gymnax 1.0 reports its `truncated` independently of `terminated`, so both
+  can be true on the last step; here `truncated = gymnax_truncated & ~terminated`, and
+  `terminated | truncated` is exactly gymnax's reset condition. With `timeouts_terminal`
+  (`--enable_gymnax_timeouts_terminal`, training env only) a timeout is reported as
+  `terminated` and `truncated` is always false: the treatment of gymnax-blines and PureJaxRL.
+- obs and `info["final_observation"]` are float32; reward float32; flags bool.
+- Weak types are stripped from the state, so reset and step give one pytree type (a scan
+  carry or a jitted runner state never changes type and never recompiles).
+
+Staggered ages: gymnax states count the steps of the current episode in `state.time`. For
+the environments in `STAGGER_SAFE_ENV_IDS`, `time` is read only by the time-limit check, so
+`reset(..., staggered=True)` draws it uniformly from `[0, max_steps)` and the first
+timeouts spread over the rollout. Other environments (bandits, bsuite chains, ...) read
+`time` in observations or dynamics; for them the flag is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from terra_rl.adapters.deferred_imports import deferring
+
+# Plotting modules gymnax imports for its renderers only (terra_rl.adapters.deferred_imports).
+with deferring("matplotlib", "matplotlib.pyplot", "matplotlib.colors", "seaborn"):
+    import gymnax
+from gymnax.environments import spaces  # noqa: E402
+
+GYMNAX_PREFIX = "gymnax:"
+EXCAVATION_SPEC = "excavation"
+
+# Environments whose `state.time` is a pure step counter, checked against gymnax 1.0.1's
+# sources: only `is_truncated` reads it, so randomising it only shortens the first episode.
+STAGGER_SAFE_ENV_IDS = frozenset(
+    {
+        "CartPole-v1",
+        "Acrobot-v1",
+        "MountainCar-v0",
+        "Asterix-MinAtar",
+        "Breakout-MinAtar",
+        "Freeway-MinAtar",
+        "Seaquest-MinAtar",
+        "SpaceInvaders-MinAtar",
+    }
+)
+
+
+def parse_env_id(spec: str) -> str | None:
+    """`"gymnax:CartPole-v1"` -> `"CartPole-v1"`; `"excavation"` -> None; else ValueError."""
+    if spec == EXCAVATION_SPEC:
+        return None
+    if spec.startswith(GYMNAX_PREFIX) and len(spec) > len(GYMNAX_PREFIX):
+        return spec[len(GYMNAX_PREFIX) :]
+    raise ValueError(
+        f"unknown env spec {spec!r}: expected '{EXCAVATION_SPEC}' or "
+        f"'{GYMNAX_PREFIX}<env_id>' (e.g. '{GYMNAX_PREFIX}CartPole-v1')"
+    )
+
+
+def make_gymnax_env(env_id: str, num_envs: int,
+                    timeouts_terminal: bool = False) -> GymnaxBatchEnv:
+    """Batched gymnax env; ValueError for an unknown id or a continuous action space."""
+    return GymnaxBatchEnv(env_id, num_envs, timeouts_terminal)
+
+
+def _strong(tree):
+    """Same values and dtypes with weak types removed (stable jit / scan carry types)."""
+    return jax.tree.map(lambda x: jnp.asarray(x).astype(jnp.asarray(x).dtype), tree)
+
+
+def _float32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+
+
+class GymnaxBatchEnv:
+    """`num_envs` gymnax environments with auto-reset; discrete actions only.
+
+    `params` is the gymnax EnvParams pytree; inside `jit`/`pmap` pass it as an argument.
+    Shapes: obs float32 [num_envs, *obs_shape]; actions int32 [num_envs].
+    """
+
+    has_success: bool = False
+    group_names: tuple[str, ...] = ()
+    curriculum_level_names: tuple[str, ...] = ()
+
+    def __init__(self, env_id: str, num_envs: int, timeouts_terminal: bool = False):
+        if env_id not in gymnax.registered_envs:
+            raise ValueError(
+                f"unknown gymnax env id {env_id!r}; valid ids are listed in "
+                "gymnax.registered_envs (e.g. 'CartPole-v1', 'Breakout-MinAtar')"
+            )
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        env, params = gymnax.make(env_id)
+        action_space = env.action_space(params)
+        if not isinstance(action_space, spaces.Discrete):
+            raise ValueError(
+                f"gymnax env {env_id!r} has a {type(action_space).__name__} action space; "
+                "only Discrete action spaces are supported"
+            )
+        self.env_id = env_id
+        self.env = env
+        self.params = params
+        self.num_envs = num_envs
+        self.timeouts_terminal = timeouts_terminal
+        self.num_actions = int(action_space.n)
+        self.action_names = tuple(f"action_{i}" for i in range(self.num_actions))
+        self.max_steps = int(params.max_steps_in_episode)
+        self.can_stagger = env_id in STAGGER_SAFE_ENV_IDS
+        obs_struct, _ = jax.eval_shape(lambda: env.reset(jax.random.key(0), params))
+        self.obs_shape = tuple(obs_struct.shape)
+
+    def reset(self, key: jax.Array, params, staggered: bool = True, first_maps=None):
+        """Fresh episodes for every env -> (obs float32 [num_envs, *obs_shape], state).
+        `first_maps` is accepted for the trainer's interface and ignored (no map pool).
+
+        With `staggered` (a static Python bool) and a stagger-safe env, each env's
+        `state.time` (its episode age) starts uniform in `[0, max_steps)`.
+        """
+        key_reset, key_age = jax.random.split(key)
+        keys = jax.random.split(key_reset, self.num_envs)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(keys, params)
+        if staggered and self.can_stagger:
+            ages = jax.random.randint(key_age, (self.num_envs,), 0, params.max_steps_in_episode)
+            state = state.replace(time=ages.astype(jnp.asarray(state.time).dtype))
+        return _float32(obs), _strong(state)
+
+    def step(self, key: jax.Array, state, actions: jax.Array, params):
+        """actions int [num_envs] -> (obs, state, reward, terminated, truncated, info).
+
+        obs float32 [num_envs, *obs_shape] (first obs of the new episode where an env
+        finished); reward float32 [num_envs]; terminated/truncated bool [num_envs], never
+        both true. info (all batched [num_envs, ...]):
+          final_observation float32 [num_envs, *obs_shape]: pre-reset obs (= obs if not done)
+          task_done bool [num_envs]: all False (gymnax has no success notion)
+          episode_progress float32 [num_envs]: zeros
+          action_mask bool [num_envs, num_actions]: all True
+        """
+        keys = jax.random.split(key, self.num_envs)
+        obs, state, reward, terminated, truncated, info = jax.vmap(
+            self.env.step, in_axes=(0, 0, 0, None)
+        )(keys, state, actions, params)
+        terminated = jnp.asarray(terminated, jnp.bool_)
+        truncated = jnp.asarray(truncated, jnp.bool_) & ~terminated
+        if self.timeouts_terminal:
+            terminated, truncated = terminated | truncated, jnp.zeros_like(truncated)
+        info = {
+            "final_observation": _float32(info["final_observation"]),
+            "task_done": jnp.zeros((self.num_envs,), jnp.bool_),
+            "episode_progress": jnp.zeros((self.num_envs,), jnp.float32),
+            "action_mask": jnp.ones((self.num_envs, self.num_actions), jnp.bool_),
+        }
+        reward = jnp.asarray(reward, jnp.float32)
+        return _float32(obs), _strong(state), reward, terminated, truncated, info
+
+    def episode_age(self, state) -> jax.Array:
+        """Steps taken in each env's current episode: int32 [num_envs]."""
+        return jnp.asarray(state.time).astype(jnp.int32)
+
+    def episode_group(self, state, params) -> jax.Array:
+        """int32 [num_envs]: zeros (no episode groups)."""
+        return jnp.zeros((self.num_envs,), jnp.int32)
+
+    def curriculum_level(self, state) -> jax.Array:
+        """int32 [num_envs]: zeros (no curriculum)."""
+        return jnp.zeros((self.num_envs,), jnp.int32)

@@ -1,0 +1,456 @@
+"""One training update as one function: rollout (`lax.scan` of policy + env step), GAE,
+then `update_epochs x num_minibatches` PPO minibatch updates with gradients averaged over
+the device axis. `make_update_fn` returns it `jax.pmap`'d with the runner state donated.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from terra_rl.algo import ppo, run_keys
+from terra_rl.config import TrainConfig
+from terra_rl.nets import loss_scaling
+from terra_rl.nets.loss_scaling import LossScale
+from terra_rl.nets.models import uses_convolutions, with_derived_features
+from terra_rl.nets.precision import apply_action_mask, gradient_norms, to_float32
+
+AXIS = "device"
+NUM_AGE_BUCKETS = 4
+
+
+@struct.dataclass
+class PolicyState:
+    params: dict
+    opt_state: optax.OptState
+
+
+@struct.dataclass
+class Counters:
+    """update: int32 [] updates done. episode_return: float32 [num_envs] return so far of
+    each env's current episode. episode_full: bool [num_envs] the current episode started
+    at age 0 (the first, staggered episode of each env is partial and never reported)."""
+
+    update: jax.Array
+    episode_return: jax.Array
+    episode_full: jax.Array
+
+
+@struct.dataclass
+class RunnerState:
+    """Everything one device carries from update to update; a leading device axis when
+    pmapped. `rng` is a raw uint32 [2] key so checkpoints store it as plain data."""
+
+    policy: PolicyState
+    env_state: object
+    last_obs: object
+    rng: jax.Array
+    counters: Counters
+    loss_scale: LossScale
+
+
+def policy_outputs(policy, params, obs, use_action_mask: bool):
+    """(float32 logits [B, A] masked when masking is on, float32 value [B])."""
+    logits, value = policy.apply(params, obs)
+    mask = obs["action_mask"] if use_action_mask else None
+    return apply_action_mask(logits, mask), to_float32(value)
+
+
+def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
+    """pmapped `init(run_key uint32 [D, 2], env_params)`; `run_key` is the seed's key
+    (`run_keys.seed_key`) on every device. Each device's envs start from its own key, and
+    the parameters from one key shared by all devices, so they start identical."""
+
+    def init(run_key, env_params):
+        device_key = run_keys.device_key(run_key, run_keys.INIT_STREAM, AXIS)
+        params_key = jax.random.fold_in(run_key, run_keys.PARAMS_STREAM)
+        obs, env_state = env.reset(device_key, env_params, staggered=True)
+        params = policy.init(params_key, jax.tree.map(lambda x: x[:1], obs))
+        counters = Counters(
+            update=jnp.zeros((), jnp.int32),
+            episode_return=jnp.zeros((env.num_envs,), jnp.float32),
+            episode_full=env.episode_age(env_state) == 0,
+        )
+        return RunnerState(
+            policy=PolicyState(params=params, opt_state=optimizer.init(params)),
+            env_state=env_state,
+            last_obs=obs,
+            rng=jax.random.fold_in(device_key, 1),
+            counters=counters,
+            loss_scale=loss_scaling.init_loss_scale(config.precision),
+        )
+
+    return jax.pmap(init, axis_name=AXIS)
+
+
+def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
+    """`values(params, last_obs, final_obs, truncated) -> (last_value float32 [N], final_values
+    float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the observation after the rollout)
+    and V(final_obs[t]) where `truncated` bool [T, N], else 0 (final_obs pytree [T, N, ...],
+    the pre-reset observations).
+
+    One `lax.while_loop` whose body is one critic pass over N observations: the last ones
+    first, then the truncated steps' final observations, N at a time (gathered), so usually
+    two passes per update. The critic, the policy's derived inputs included, is compiled
+    once here instead of three times (a pass per rollout step where envs time out, and one
+    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed"."""
+
+    def values(params, last_obs, final_obs, truncated):
+        steps = truncated.shape[0]
+        flat_final = jax.tree.map(lambda x: x.reshape((steps * num_envs,) + x.shape[2:]),
+                                  final_obs)
+        flat_truncated = truncated.reshape(-1)
+        # Indices of the truncated steps, padded with steps * num_envs (dropped on write).
+        (index,) = jnp.nonzero(flat_truncated, size=steps * num_envs,
+                               fill_value=steps * num_envs)
+        passes = 1 + -(-jnp.sum(flat_truncated) // num_envs)
+
+        def body(carry):
+            done, last_value, final_values = carry
+            chunk = jax.lax.dynamic_slice(index, (jnp.maximum(done - 1, 0) * num_envs,),
+                                          (num_envs,))
+            gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, steps * num_envs - 1)],
+                                    flat_final)
+            obs = jax.tree.map(lambda a, b: jnp.where(done == 0, a, b), last_obs, gathered)
+            _, value = outputs(params, obs)
+            last_value = jnp.where(done == 0, value, last_value)
+            written = jnp.where(done == 0, steps * num_envs, chunk)
+            final_values = final_values.at[written].set(value, mode="drop")
+            return done + 1, last_value, final_values
+
+        carry = (jnp.int32(0), jnp.zeros((num_envs,), jnp.float32),
+                 jnp.zeros((steps * num_envs,), jnp.float32))
+        _, last_value, final_values = jax.lax.while_loop(lambda c: c[0] < passes, body, carry)
+        return last_value, final_values.reshape(steps, num_envs)
+
+    return values
+
+
+def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
+    """`loss_and_grads(params, batch, ent_coef, loss_scale) -> (metrics, grads)` for one
+    minibatch on one device.
+
+    With float16's dynamic scale the PPO loss is multiplied by `loss_scale` (float32 [])
+    before the backward pass and the gradients divided by it after; the other precisions
+    keep a scale of 1 and skip both (x * 1 and x / 1 are x). `grads` are float32 gradients
+    of the unscaled loss, shaped like `params` and not yet averaged over devices. `batch`:
+    obs (pytree [N, ...]), action int32 [N], log_prob, value, advantage, return float32
+    [N]. Metrics: loss (the unscaled total), actor_loss, value_loss, entropy, approx_kl,
+    clip_fraction.
+    """
+
+    dynamic_scale = loss_scaling.is_dynamic(config.precision)
+
+    def scaled_loss(params, batch, ent_coef, loss_scale):
+        logits, values = policy_outputs(policy, params, batch["obs"], config.use_action_mask)
+        loss, metrics = ppo.ppo_loss(
+            logits,
+            values,
+            batch["action"],
+            batch["log_prob"],
+            batch["value"],
+            batch["advantage"],
+            batch["return"],
+            clip_eps=config.clip_eps,
+            vf_coef=config.vf_coef,
+            ent_coef=ent_coef,
+            clip_value_loss=config.clip_value_loss,
+            normalize_advantages=config.normalize_advantages,
+        )
+        return loss_scaling.scale_loss(loss, loss_scale, dynamic_scale), dict(metrics, loss=loss)
+
+    def loss_and_grads(params, batch, ent_coef, loss_scale):
+        grad_fn = jax.grad(scaled_loss, has_aux=True)
+        grads, metrics = grad_fn(params, batch, ent_coef, loss_scale)
+        return metrics, loss_scaling.unscale(grads, loss_scale, dynamic_scale)
+
+    return loss_and_grads
+
+
+def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
+    """A rollout batch (pytree of [T, N, ...]) as `num_minibatches` minibatches of single
+    transitions in a random order: pytree of [M, T * N / M, ...], each transition in exactly
+    one minibatch.
+
+    Transitions, not whole env trajectories: a minibatch of N / M trajectories holds a few
+    correlated episodes, and PPO trained on those learned far less (Breakout-MinAtar with the
+    relu MLP: 29 against 67.5 on the same seed; docs/RESULTS.md, "Minibatches of transitions").
+    """
+    steps, envs = jax.tree.leaves(batch)[0].shape[:2]
+    total = steps * envs
+    order = jax.random.permutation(key, total)
+
+    def split(x):
+        x = x.reshape((total,) + x.shape[2:])[order]
+        return x.reshape((num_minibatches, total // num_minibatches) + x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def make_update_fn(config: TrainConfig, env, policy,
+                   trace_counts: collections.Counter | None = None) -> Callable:
+    """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
+    runner state. Metrics are float32 scalars, identical on every device. With
+    `config.updates_per_dispatch` K > 1 it is `update(runner_state, env_params, count int32)`
+    running `count` <= K updates, each metric with a leading [K] (`repeat_update`). Each
+    trace adds 1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
+    num_envs = env.num_envs
+    # XLA:CPU runs `lax.conv` gradients inside a while loop an order of magnitude slower
+    # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with such
+    # convolutions (`--conv_impl lax`) are unrolled, at a compile time that grows with
+    # epochs x minibatches. `PatchConv` (the CPU default) needs no unrolling.
+    unroll_updates = jax.default_backend() == "cpu" and uses_convolutions(policy)
+
+    def outputs(params, obs):
+        return policy_outputs(policy, params, obs, config.use_action_mask)
+
+    bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
+
+    def rollout_step(env_params, carry, noise):
+        params, env_state, obs, counters = carry
+        gumbel, key_env = noise  # this step's row of `ppo.rollout_noise`
+        obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
+        logits, value = outputs(params, obs)
+        action = ppo.sample_actions(logits, gumbel)
+        age = env.episode_age(env_state)
+        next_obs, env_state, reward, terminated, truncated, info = env.step(
+            key_env, env_state, action, env_params
+        )
+        done = terminated | truncated
+        episode_return = counters.episode_return + reward
+        reported = done & counters.episode_full
+        transition = ppo.Transition(
+            obs=obs,
+            action=action,
+            log_prob=ppo.categorical_log_prob(logits, action),
+            value=value,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final_obs=info["final_observation"],
+            age=age,
+            progress=info["episode_progress"],
+        )
+        episodes = {
+            "count": reported.astype(jnp.float32),
+            "return": jnp.where(reported, episode_return, 0.0),
+            "length": jnp.where(reported, age + 1, 0).astype(jnp.float32),
+            "task_done": info["task_done"].astype(jnp.float32),
+        }
+        counters = counters.replace(
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_full=counters.episode_full | done,
+        )
+        return (params, env_state, next_obs, counters), (transition, episodes)
+
+    loss_and_grads = make_loss_and_grads(config, policy)
+    optimizer_step = ppo.make_optimizer_step(config)
+    dynamic_scale = loss_scaling.is_dynamic(config.precision)
+
+    def minibatch_update(carry, batch):
+        policy_state, loss_scale, ent_coef = carry
+        metrics, grads = loss_and_grads(policy_state.params, batch, ent_coef, loss_scale.scale)
+        grads = jax.lax.pmean(grads, AXIS)
+        norms = gradient_norms(grads)
+        # The groups partition the parameters, so the global norm follows from theirs.
+        global_norm = jnp.sqrt(sum(jnp.square(norm) for norm in norms.values()))
+        # A NaN or inf in the averaged gradients makes their norm non-finite (so does a norm
+        # past float32's range, which no clip can scale). Every device decides alike.
+        finite = jnp.isfinite(global_norm)
+        params, opt_state = optimizer_step(policy_state.params, policy_state.opt_state,
+                                           grads, finite)
+        new_state = PolicyState(params=params, opt_state=opt_state)
+        norms = {f"grad_norm/{name}": norm for name, norm in norms.items()}
+        metrics = dict(metrics, grad_norm=global_norm, finite=finite, **norms)
+        loss_scale = loss_scaling.next_loss_scale(loss_scale, finite, dynamic_scale)
+        return (new_state, loss_scale, ent_coef), metrics
+
+    def epoch(carry, key):
+        policy_state, loss_scale, batch, ent_coef = carry
+        minibatches = shuffled_minibatches(batch, key, config.num_minibatches)
+        (policy_state, loss_scale, _), metrics = jax.lax.scan(
+            minibatch_update,
+            (policy_state, loss_scale, ent_coef),
+            minibatches,
+            unroll=unroll_updates,
+        )
+        return (policy_state, loss_scale, batch, ent_coef), metrics
+
+    def update(runner: RunnerState, env_params):
+        params = runner.policy.params
+        rng, key_rollout, key_epochs = jax.random.split(runner.rng, 3)
+        noise = ppo.rollout_noise(key_rollout, config.num_steps, num_envs, env.num_actions)
+        carry = (params, runner.env_state, runner.last_obs, runner.counters)
+        carry, (traj, episodes) = jax.lax.scan(
+            functools.partial(rollout_step, env_params), carry, noise
+        )
+        _, env_state, last_obs, counters = carry
+        last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
+                                                    traj.truncated)
+        next_value = ppo.next_values(
+            traj.value, last_value, traj.terminated, traj.truncated, final_values
+        )
+        done = traj.terminated | traj.truncated
+        advantages, returns = ppo.gae_advantages(
+            traj.reward, traj.value, next_value, done, config.gamma, config.gae_lambda
+        )
+        batch = {
+            "obs": traj.obs,
+            "action": traj.action,
+            "log_prob": traj.log_prob,
+            "value": traj.value,
+            "advantage": advantages,
+            "return": returns,
+        }
+        ent_coef = ppo.entropy_coefficient(config, counters.update)
+        (policy_state, loss_scale, _, _), update_metrics = jax.lax.scan(
+            epoch,
+            (runner.policy, runner.loss_scale, batch, ent_coef),
+            jax.random.split(key_epochs, config.update_epochs),
+            unroll=unroll_updates,
+        )
+        metrics = optimization_metrics(update_metrics, loss_scale)
+        metrics["sched/entropy_coef"] = ent_coef
+        metrics["sched/lr"] = ppo.learning_rate_at(config, counters.update)
+        metrics.update(rollout_metrics(traj, episodes, done, returns, env.max_steps,
+                                       env.has_success))
+        metrics.update(curriculum_metrics(env, env_state))
+        new_runner = RunnerState(
+            policy=policy_state,
+            env_state=env_state,
+            last_obs=last_obs,
+            rng=rng,
+            counters=counters.replace(update=counters.update + 1),
+            loss_scale=loss_scale,
+        )
+        return new_runner, metrics
+
+    def counted_update(runner: RunnerState, env_params):
+        if trace_counts is not None:
+            trace_counts["update"] += 1  # runs while tracing, never on the device
+        return update(runner, env_params)
+
+    def repeated_update(runner: RunnerState, env_params, count):
+        if trace_counts is not None:
+            trace_counts["update"] += 1
+        return repeat_update(update, config.updates_per_dispatch)(runner, env_params, count)
+
+    if config.updates_per_dispatch == 1:
+        return jax.pmap(counted_update, axis_name=AXIS, donate_argnums=(0,))
+    return jax.pmap(repeated_update, axis_name=AXIS, donate_argnums=(0,))
+
+
+def repeat_update(update: Callable, max_updates: int) -> Callable:
+    """`update(runner, env_params) -> (runner, metrics)` as
+    `(runner, env_params, count int32 []) -> (runner, metrics with a leading [max_updates])`:
+    `count` <= max_updates updates in one `fori_loop`, so one compiled function serves every
+    count. Row i of each metric is update i's; rows from `count` on are zeros."""
+
+    def run(runner, env_params, count):
+        shapes = jax.eval_shape(update, runner, env_params)[1]
+        buffer = jax.tree.map(lambda s: jnp.zeros((max_updates,) + s.shape, s.dtype), shapes)
+
+        def body(i, carry):
+            runner, buffer = carry
+            runner, metrics = update(runner, env_params)
+            buffer = jax.tree.map(lambda rows, row: rows.at[i].set(row), buffer, metrics)
+            return runner, buffer
+
+        return jax.lax.fori_loop(0, count, body, (runner, buffer))
+
+    return run
+
+
+def optimization_metrics(step_metrics: dict, loss_scale: LossScale) -> dict[str, jax.Array]:
+    """Per-update means of the minibatch metrics ([epochs, minibatches] arrays), the
+    gradient norms (already device-averaged gradients) over the finite steps only (NaN
+    when every step overflowed; the host drops it), and the precision metrics."""
+    finite = step_metrics.pop("finite")
+    steps_finite = jnp.sum(finite)
+    metrics = {}
+    for name, value in step_metrics.items():
+        if name.startswith("grad_norm"):
+            total = jnp.sum(jnp.where(finite, value, 0.0))
+            name = name if "/" in name else f"train/{name}"
+            metrics[name] = jnp.where(steps_finite > 0, total / steps_finite, jnp.nan)
+        else:
+            metrics[f"train/{name}"] = jax.lax.pmean(jnp.mean(value), AXIS)
+    metrics.update(
+        {
+            "precision/loss_scale": loss_scale.scale,
+            "precision/overflow_steps": loss_scale.overflow_steps.astype(jnp.float32),
+            "precision/skipped_update_fraction": 1.0 - jnp.mean(finite.astype(jnp.float32)),
+        }
+    )
+    return metrics
+
+
+def rollout_metrics(traj, episodes, done, returns, max_steps: int,
+                    has_success: bool = True) -> dict[str, jax.Array]:
+    """Rollout statistics over all devices. Ratios whose count is 0 come out NaN (nothing
+    to report, e.g. no episode finished); the host drops them instead of logging 0. The
+    task-done rate and the episode progress only for envs with a notion of success
+    (`has_success`; gymnax envs have none and would log a constant 0)."""
+    psum = lambda x: jax.lax.psum(jnp.sum(x), AXIS)  # noqa: E731
+    steps = psum(jnp.ones_like(traj.reward))
+    finished = psum(episodes["count"])
+    nan_if_empty = lambda total, count: jnp.where(count > 0, total / count, jnp.nan)  # noqa: E731
+    metrics = {
+        "train/reward": psum(traj.reward) / steps,
+        "train/done_rate": psum(done) / steps,
+        "train/timeout_rate": psum(traj.truncated) / steps,
+        "train/episodes_finished": finished,
+        "train/episode_return": nan_if_empty(psum(episodes["return"]), finished),
+        "train/episode_length": nan_if_empty(psum(episodes["length"]), finished),
+    }
+    if has_success:
+        metrics["train/task_done_rate"] = psum(episodes["task_done"]) / steps
+        metrics["train/mean_episode_progress"] = psum(traj.progress) / steps
+        metrics["train/max_episode_progress"] = jax.lax.pmax(jnp.max(traj.progress), AXIS)
+    errors = returns - traj.value
+    overall = value_fit_metrics(errors, returns, jnp.ones_like(returns, bool), psum)
+    metrics["train/explained_variance"] = overall["explained_variance"]
+    metrics["train/rollout_value_loss"] = overall["value_loss"]
+    bucket = jnp.minimum(traj.age * NUM_AGE_BUCKETS // max_steps, NUM_AGE_BUCKETS - 1)
+    for b in range(NUM_AGE_BUCKETS):
+        lo, hi = b * 100 // NUM_AGE_BUCKETS, (b + 1) * 100 // NUM_AGE_BUCKETS
+        fit = value_fit_metrics(errors, returns, bucket == b, psum)
+        metrics.update({f"value_by_age/{lo:02d}_{hi}pct/{k}": v for k, v in fit.items()})
+    return metrics
+
+
+def curriculum_metrics(env, env_state) -> dict[str, jax.Array]:
+    """Share of envs (over all devices) at each curriculum level after the rollout, as
+    `curriculum/<level name>`, and the mean level index; empty without a curriculum."""
+    names = env.curriculum_level_names
+    if not names:
+        return {}
+    level = env.curriculum_level(env_state)
+    count = jax.lax.psum(jnp.float32(level.shape[0]), AXIS)
+    shares = jax.lax.psum(jnp.sum(jax.nn.one_hot(level, len(names)), axis=0), AXIS) / count
+    metrics = {f"curriculum/{name}": shares[i] for i, name in enumerate(names)}
+    metrics["curriculum/mean_level"] = jax.lax.psum(jnp.sum(level), AXIS) / count
+    return metrics
+
+
+def value_fit_metrics(errors, returns, selected, psum) -> dict[str, jax.Array]:
+    """Value loss (0.5 mean squared error of the rollout values against the GAE returns)
+    and explained variance over the selected transitions, with their count."""
+    weight = selected.astype(jnp.float32)
+    count = psum(weight)
+    safe = jnp.maximum(count, 1.0)
+    mean_sq_error = psum(weight * errors**2) / safe
+    error_variance = mean_sq_error - (psum(weight * errors) / safe) ** 2
+    return_variance = psum(weight * returns**2) / safe - (psum(weight * returns) / safe) ** 2
+    explained = 1.0 - error_variance / jnp.maximum(return_variance, 1e-8)
+    return {
+        "value_loss": jnp.where(count > 0, 0.5 * mean_sq_error, jnp.nan),
+        "explained_variance": jnp.where(count > 1, explained, jnp.nan),
+        "count": count,
+    }

@@ -1,0 +1,1 @@
+"""Cluster operations: the JAX/CUDA runtime preflight and the GPU wait wrapper."""

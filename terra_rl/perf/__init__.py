@@ -1,0 +1,1 @@
+"""Measuring speed: timing helpers for benchmarks and the component profiler."""

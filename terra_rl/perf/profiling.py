@@ -1,0 +1,201 @@
+"""Where one training update spends its time: each component timed alone at the config's
+shapes (`scripts/profile_rollout_components.py`).
+
+Components, each jitted on one device with the trainer's own functions (the full update is
+the trainer's pmapped update on `num_devices`):
+
+    env_step            `num_steps` batched env steps with random actions (no policy),
+                        observations and action mask included
+    policy_forward      `num_steps` policy forward passes on a batch of observations,
+                        with the parameter-free features the rollout computes (compass,
+                        dig and pose distances)
+    rollout             `num_steps` of policy forward, sampling and env step
+    gae                 GAE over the rollout's [num_steps, num_envs] arrays
+    minibatch_gradient  one minibatch's PPO loss and gradient (the observations carry their
+                        parameter-free features, as the trainer stores them)
+    optimizer_apply     one optimizer step (`ppo.make_optimizer_step`: optax's update, the skip)
+    full_update         the trainer's compiled update: rollout, GAE, epochs x minibatches,
+                        timed over one dispatch of `updates_per_dispatch` updates
+    host_overhead       what the host loop adds per update when it logs a dispatch's
+                        metrics (metrics to host)
+
+The sections are timed in rounds, each once a round, `repeats` rounds. Each section reports
+`seconds` (one call, median of the rounds), `calls_per_update`,
+`seconds_per_update` and `steps_per_second` = env steps per update / seconds per update, so
+sections compare on one scale: the update cannot be faster than its slowest part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from terra_rl.algo import ppo
+from terra_rl.algo.update import make_loss_and_grads, policy_outputs
+from terra_rl.config import TrainConfig
+from terra_rl.nets.models import with_derived_features
+from terra_rl.perf.benchmarking import time_in_rounds
+from terra_rl.run.device_metrics import fetch_metrics, metrics_row
+from terra_rl.run.trainer import Trainer, build_trainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    name: str
+    seconds: float
+    calls_per_update: int
+    env_steps_per_update: int
+
+    @property
+    def seconds_per_update(self) -> float:
+        return self.seconds * self.calls_per_update
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.env_steps_per_update / self.seconds_per_update
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": self.seconds,
+                "calls_per_update": self.calls_per_update,
+                "seconds_per_update": self.seconds_per_update,
+                "steps_per_second": self.steps_per_second}
+
+
+def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
+    """Times every component of one update of `config` (resolved); compiles each first."""
+    trainer = build_trainer(config)
+    env = trainer.train_env
+    policy = trainer.policy
+    steps, envs = config.num_steps, config.num_envs_per_device
+    per_update = config.env_steps_per_update
+    runner = trainer.init_runner()
+    params = jax.tree.map(lambda x: x[0], runner.policy.params)
+    env_params = env.params
+    obs, env_state = jax.jit(lambda key: env.reset(key, env_params))(jax.random.PRNGKey(1))
+
+    def outputs(params, obs):
+        return policy_outputs(policy, params, obs, config.use_action_mask)
+
+    @jax.jit
+    def env_only(key, state):
+        def step(state, key):
+            key_action, key_env = jax.random.split(key)
+            action = jax.random.randint(key_action, (envs,), 0, env.num_actions)
+            obs, state, reward, *_ = env.step(key_env, state, action, env_params)
+            # A sum of every observation, so XLA cannot drop the work that builds them
+            # (the action mask's rules among it), as nothing else reads them here.
+            checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
+            return state, reward.sum() + checksum
+        return jax.lax.scan(step, state, jax.random.split(key, steps))
+
+    @jax.jit
+    def forward_only(params, observations):
+        # A different batch each step (the rollout's), so XLA cannot hoist the forward pass.
+        def step(carry, obs):
+            logits, value = outputs(params, obs)
+            return carry + jnp.sum(value) + jnp.sum(logits[:, 0]), None
+        return jax.lax.scan(step, jnp.zeros(()), observations)[0]
+
+    @jax.jit
+    def rollout(params, key, state, obs):
+        def step(carry, noise):
+            state, obs = carry
+            gumbel, key_env = noise
+            logits, value = outputs(params, obs)
+            action = ppo.sample_actions(logits, gumbel)
+            next_obs, state, reward, *_ = env.step(key_env, state, action, env_params)
+            return (state, next_obs), (obs, reward, value)
+        noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
+        return jax.lax.scan(step, (state, obs), noise)
+
+    _, (observations, rewards, values) = rollout(params, jax.random.PRNGKey(2), env_state, obs)
+    dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)
+
+    @jax.jit
+    def gae(rewards, values):
+        return ppo.gae_advantages(rewards, values, values, dones, config.gamma, config.gae_lambda)
+
+    loss_and_grads = jax.jit(make_loss_and_grads(config, policy))
+    minibatch = envs * steps // config.num_minibatches
+    batch_obs = jax.tree.map(lambda x: jnp.concatenate([x] * -(-minibatch // envs))[:minibatch],
+                             obs)
+    # As in the trainer, the stored minibatch carries the parameter-free features.
+    batch_obs = jax.jit(functools.partial(with_derived_features, policy))(batch_obs)
+    batch = {"obs": batch_obs, "action": jnp.zeros((minibatch,), jnp.int32),
+             "log_prob": jnp.full((minibatch,), -2.0), "value": jnp.zeros((minibatch,)),
+             "advantage": jnp.linspace(-1.0, 1.0, minibatch), "return": jnp.ones((minibatch,))}
+    _, grads = loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0))
+    opt_state = ppo.make_optimizer(config).init(params)
+    optimizer_step = ppo.make_optimizer_step(config)
+
+    @jax.jit
+    def apply(grads, opt_state, params):
+        return optimizer_step(params, opt_state, grads, jnp.bool_(True))
+
+    key = jax.random.PRNGKey(3)
+    minibatch_steps = config.update_epochs * config.num_minibatches
+    timed = {
+        "env_step": (lambda: env_only(key, env_state), 1),
+        "policy_forward": (lambda: forward_only(params, observations), 1),
+        "rollout": (lambda: rollout(params, key, env_state, obs), 1),
+        "gae": (lambda: gae(rewards, values), 1),
+        "minibatch_gradient": (
+            lambda: loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0)),
+            minibatch_steps),
+        "optimizer_apply": (lambda: apply(grads, opt_state, params), minibatch_steps),
+    }
+    timed |= _update_calls(trainer, runner)
+    for call, _ in timed.values():
+        jax.block_until_ready(call())  # compile and warm up
+    samples = time_in_rounds({name: call for name, (call, _) in timed.items()}, repeats)
+    count = trainer.config.updates_per_dispatch
+    seconds = {name: statistics.median(times) for name, times in samples.items()}
+    host = statistics.median(logged - full for logged, full in
+                             zip(samples["logged_dispatch"], samples["full_update"], strict=True))
+    sections = [Section(name, seconds[name], calls, per_update)
+                for name, (_, calls) in timed.items() if name not in _DISPATCHES]
+    return sections + [Section("full_update", seconds["full_update"] / count, 1, per_update),
+                       Section("host_overhead", max(host / count, 1e-9), 1, per_update)]
+
+
+_DISPATCHES = ("full_update", "logged_dispatch")
+
+
+def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any], int]]:
+    """The trainer's compiled update as the trainer dispatches it, `updates_per_dispatch` at a
+    time: alone ("full_update"), and with the host transfer of the dispatch's metrics, what
+    the host loop does at every log ("logged_dispatch"). Each call runs one dispatch."""
+    count = trainer.config.updates_per_dispatch
+    state = {"runner": runner}
+
+    def one_dispatch():
+        state["runner"], metrics = trainer.run_updates(state["runner"], count)
+        return metrics
+
+    def logged_dispatch():
+        return metrics_row(fetch_metrics(one_dispatch()), count - 1)
+
+    return {"full_update": (one_dispatch, 1), "logged_dispatch": (logged_dispatch, 1)}
+
+
+def format_table(sections: list[Section]) -> str:
+    env_rate = next(s.steps_per_second for s in sections if s.name == "env_step")
+    lines = [f"{'section':<20} {'s/call':>10} {'calls':>6} {'s/update':>10} "
+             f"{'env steps/s':>12} {'vs env':>7}"]
+    for s in sections:
+        row = f"{s.name:<20} {s.seconds:10.5f} {s.calls_per_update:6d} {s.seconds_per_update:10.5f}"
+        if s.name != "host_overhead":  # an extra cost of logged updates, not a path's rate
+            row += f" {s.steps_per_second:12,.0f} {s.steps_per_second / env_rate:7.1%}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def finite_sections(sections: list[Section]) -> bool:
+    return all(np.isfinite(s.seconds) and s.seconds > 0 for s in sections)
