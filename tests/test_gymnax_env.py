@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from terra_rl.adapters.contract import StepResult
 from terra_rl.adapters.gymnax_env import GymnaxBatchEnv, make_gymnax_env, parse_env_id
 
 NUM_ENVS = 8
-INFO_KEYS = {"final_observation", "task_done", "episode_progress", "action_mask"}
+INFO_KEYS = {"task_done", "episode_progress", "action_mask"}
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +51,16 @@ def test_reset_and_step_shapes_dtypes(cartpole, fresh, step_fn):
     assert cartpole.episode_age(state).dtype == jnp.int32
 
     actions = jnp.arange(NUM_ENVS, dtype=jnp.int32) % 2
-    out = step_fn(jax.random.key(1), state, actions, cartpole.params)
-    next_obs, next_state, reward, terminated, truncated, info = out
+    next_state, result = step_fn(jax.random.key(1), state, actions, cartpole.params)
+    assert isinstance(result, StepResult)
+    next_obs, reward, terminated, truncated, final, info = result
     assert next_obs.shape == (NUM_ENVS, 4) and next_obs.dtype == jnp.float32
     assert reward.shape == (NUM_ENVS,) and reward.dtype == jnp.float32
     np.testing.assert_array_equal(reward, np.ones(NUM_ENVS))
     for flag in (terminated, truncated):
         assert flag.shape == (NUM_ENVS,) and flag.dtype == jnp.bool_
     assert set(info) == INFO_KEYS
-    assert info["final_observation"].shape == (NUM_ENVS, 4)
-    assert info["final_observation"].dtype == jnp.float32
+    assert final.shape == (NUM_ENVS, 4) and final.dtype == jnp.float32
     assert info["task_done"].dtype == jnp.bool_ and not info["task_done"].any()
     assert info["episode_progress"].dtype == jnp.float32
     np.testing.assert_array_equal(info["episode_progress"], np.zeros(NUM_ENVS))
@@ -82,7 +83,7 @@ def test_time_limit_is_truncated_not_terminated(cartpole, fresh, step_fn):
     falling = jnp.arange(NUM_ENVS) < 3
     state = _forced(fresh[1], cartpole.max_steps - 1, falling)
     actions = jnp.zeros(NUM_ENVS, jnp.int32)
-    obs, next_state, _, terminated, truncated, info = step_fn(
+    next_state, (obs, _, terminated, truncated, final, _) = step_fn(
         jax.random.key(2), state, actions, cartpole.params
     )
     # Upright envs hit the time limit: truncated only. Falling envs: terminated only.
@@ -92,7 +93,7 @@ def test_time_limit_is_truncated_not_terminated(cartpole, fresh, step_fn):
     np.testing.assert_array_equal(cartpole.episode_age(next_state), np.zeros(NUM_ENVS))
     assert np.all(np.abs(obs) <= 0.05)
     # ... and final_observation is the pre-reset state of the finished episode.
-    final = np.asarray(info["final_observation"])
+    final = np.asarray(final)
     np.testing.assert_allclose(final[:, 0], 0.0, atol=1e-6)  # x = x_dot = 0 before
     assert np.all(np.abs(final[np.asarray(falling), 2]) > 0.2094)
     assert not np.allclose(final, obs)
@@ -106,25 +107,25 @@ def test_timeouts_terminal_reports_the_time_limit_as_terminated(cartpole, fresh)
     state = _forced(fresh[1], cartpole.max_steps - 1, falling)
     actions = jnp.zeros(NUM_ENVS, jnp.int32)
     key = jax.random.key(2)
-    obs, _, reward, terminated, truncated, info = jax.jit(env.step)(
+    _, (obs, reward, terminated, truncated, final, _) = jax.jit(env.step)(
         key, state, actions, env.params)
-    plain = jax.jit(cartpole.step)(key, state, actions, cartpole.params)
+    _, plain = jax.jit(cartpole.step)(key, state, actions, cartpole.params)
     np.testing.assert_array_equal(terminated, np.ones(NUM_ENVS, bool))
     np.testing.assert_array_equal(truncated, np.zeros(NUM_ENVS, bool))
-    np.testing.assert_array_equal(obs, plain[0])
-    np.testing.assert_array_equal(reward, plain[2])
-    np.testing.assert_array_equal(info["final_observation"], plain[5]["final_observation"])
+    np.testing.assert_array_equal(obs, plain.observation)
+    np.testing.assert_array_equal(reward, plain.reward)
+    np.testing.assert_array_equal(final, plain.final_observation)
 
 
 def test_pole_falling_step_is_terminated(cartpole, fresh, step_fn):
     falling = jnp.arange(NUM_ENVS) % 2 == 0
     state = _forced(fresh[1], 10, falling)
-    obs, next_state, _, terminated, truncated, info = step_fn(
+    next_state, (obs, _, terminated, truncated, final, _) = step_fn(
         jax.random.key(3), state, jnp.ones(NUM_ENVS, jnp.int32), cartpole.params
     )
     np.testing.assert_array_equal(terminated, falling)
     assert not truncated.any()
-    done, final = np.asarray(falling), np.asarray(info["final_observation"])
+    done, final = np.asarray(falling), np.asarray(final)
     np.testing.assert_array_equal(final[~done], np.asarray(obs)[~done])
     assert np.all(final[done, 2] > 0.2094) and np.all(np.abs(obs[done]) <= 0.05)
     np.testing.assert_array_equal(cartpole.episode_age(next_state), np.where(done, 0, 11))
@@ -139,14 +140,14 @@ def rollout(cartpole, fresh):
         key_action, key_step = jax.random.split(key)
         actions = jax.random.randint(key_action, (NUM_ENVS,), 0, cartpole.num_actions)
         age = cartpole.episode_age(state)
-        next_obs, next_state, reward, terminated, truncated, info = cartpole.step(
+        next_state, (next_obs, reward, terminated, truncated, final, _) = cartpole.step(
             key_step, state, actions, cartpole.params
         )
         record = dict(
             age=age,
             next_age=cartpole.episode_age(next_state),
             obs=next_obs,
-            final=info["final_observation"],
+            final=final,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
@@ -180,7 +181,7 @@ def test_staggered_reset_spreads_ages(cartpole, reset_fn, step_fn):
     ages = np.asarray(cartpole.episode_age(state))
     assert ages.min() >= 0 and ages.max() < cartpole.max_steps
     assert len(np.unique(ages)) >= NUM_ENVS - 2
-    _, next_state, *_ = step_fn(
+    next_state, _ = step_fn(
         jax.random.key(6), state, jnp.zeros(NUM_ENVS, jnp.int32), cartpole.params
     )
     assert _avals(next_state) == _avals(state)
@@ -202,7 +203,10 @@ def test_step_under_pmap(cartpole, fresh):
         jnp.zeros((1, NUM_ENVS), jnp.int32),
         cartpole.params,
     )
-    assert out[0].shape == (1, NUM_ENVS, 4) and out[3].shape == (1, NUM_ENVS)
+    next_state, result = out
+    assert result.observation.shape == (1, NUM_ENVS, 4)
+    assert result.terminated.shape == (1, NUM_ENVS)
+    assert next_state.time.shape == (1, NUM_ENVS)
 
 
 def test_breakout_minatar_shapes():
@@ -214,9 +218,9 @@ def test_breakout_minatar_shapes():
     out = jax.jit(env.step)(
         jax.random.key(10), state, jnp.full((NUM_ENVS,), 2, jnp.int32), env.params
     )
-    next_obs, _, reward, terminated, truncated, info = out
+    _, (next_obs, reward, terminated, truncated, final, info) = out
     assert next_obs.shape == obs.shape and next_obs.dtype == jnp.float32
-    assert info["final_observation"].shape == obs.shape
+    assert final.shape == obs.shape
     assert info["action_mask"].shape == (NUM_ENVS, 3)
     assert reward.dtype == jnp.float32 and terminated.dtype == truncated.dtype == jnp.bool_
 

@@ -50,7 +50,8 @@ def policy_batch():
     for _ in range(3):
         key, key_action, key_step = jax.random.split(key, 3)
         actions = jax.random.randint(key_action, (trainer_env.num_envs,), 0, 8)
-        obs, state, *_ = step(key_step, state, actions, trainer_env.params)
+        state, result = step(key_step, state, actions, trainer_env.params)
+        obs = result.observation
         observations.append(obs)
     obs = jax.tree.map(lambda *xs: jnp.concatenate(xs), *observations)
     policy = make_policy(PolicyConfig(map_feature_dim=32, hidden_dim=32), 8, obs)
@@ -192,7 +193,8 @@ def per_device(tree, device: int):
 
 @pytest.fixture(scope="module", params=HALF_PRECISIONS)
 def half_trainer(request):
-    return build_trainer(tiny_config(precision=request.param, log_eval_interval=0))
+    return build_trainer(tiny_config(precision=request.param, log_eval_interval=0),
+                         max_traces=1)
 
 
 def test_short_run_in_half_precision(half_trainer):

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -57,7 +58,21 @@ def tiny_config(**changes) -> TrainConfig:
 @pytest.fixture(scope="session")
 def tiny_trainer():
     assert jax.local_device_count() >= NUM_DEVICES, "conftest forces 4 CPU devices"
-    return build_trainer(tiny_config())
+    return build_trainer(tiny_config(), max_traces=1)
+
+
+def test_a_second_trace_of_the_update_fails_at_once():
+    """`max_traces=1` (chex.assert_max_traces): the update traced for other argument types
+    raises at once instead of recompiling; the first trace counts and passes."""
+    trainer = build_trainer(tiny_config(), max_traces=1)
+    runner = trainer.abstract_runner()
+    jax.eval_shape(trainer.update_fn, runner, trainer.env_params)
+    assert trainer.trace_counts["update"] == 1
+    recast = runner.replace(counters=jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, jnp.float32), runner.counters))
+    with pytest.raises(AssertionError, match="traced > 1 times"):
+        jax.eval_shape(trainer.update_fn, recast, trainer.env_params)
+    assert trainer.trace_counts["update"] == 1  # stopped before the body ran
 
 
 def leaves_equal(a, b) -> bool:
@@ -487,9 +502,9 @@ def test_the_init_compiles_in_the_background_and_the_update_lowers_from_its_shap
     """`train` compiles the init on another thread while it lowers the update from
     `abstract_runner()`: that lowering is the same program as from the fresh state, the
     shapes come from the lowered init without a trace of their own, and `init_runner`
-    waits for the background compile and returns the synchronous path's state."""
-    fresh = dataclasses.replace(tiny_trainer, compiled_init=None, init_compile_future=None,
-                                init_out_info=None)
+    waits for the background compile and returns the synchronous path's state. (Lowering
+    from shapes and from arrays traces the update twice: this trainer has no trace guard.)"""
+    fresh = build_trainer(tiny_config())
     fresh.start_init_compile()
     assert fresh.compiled_init is None and fresh.init_compile_future is not None
     assert fresh.init_out_info is not None
@@ -543,7 +558,7 @@ def test_several_updates_per_dispatch_match_one_per_dispatch(tmp_path):
             num_minibatches=2, eval_episodes=8, precision="float32", compilation_cache_dir="",
             log_train_interval=1, log_eval_interval=4, checkpoint_interval=5,
             updates_per_dispatch=per_dispatch)
-        return build_trainer(resolve(config, jax.local_device_count()))
+        return build_trainer(resolve(config, jax.local_device_count()), max_traces=1)
 
     def logged(run_dir):
         skip = ("wall_time", "performance/")

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import chex
 import jax
+import jax.numpy as jnp
 
 Observation = Any
 """A pytree of arrays with a leading [num_envs]: the excavation env's dict of map layers and
@@ -33,7 +35,8 @@ class StepResult(NamedTuple):
         `observation` where the env did not finish): what a timeout bootstraps from.
     info: task_done bool [num_envs] (the task was completed), episode_progress float32
         [num_envs] (the share of the task done so far, 0 where it has no such notion),
-        action_mask bool [num_envs, num_actions] (for the next observation).
+        action_mask bool [num_envs, num_actions] (`final_observation`'s mask, all True
+        where the episode finished), and whatever else the env reports.
     """
 
     observation: Observation
@@ -80,3 +83,26 @@ class TrainEnv(Protocol):
 
     def curriculum_level(self, state) -> jax.Array:
         """int32 [num_envs]: each env's curriculum level (zeros without a curriculum)."""
+
+
+def checked_step_result(result: StepResult, num_envs: int, num_actions: int) -> StepResult:
+    """`result` after chex's checks of the contract's shapes and dtypes (at trace time: the
+    compiled step is unchanged). Both adapters return through it."""
+    chex.assert_shape([result.reward, result.terminated, result.truncated], (num_envs,))
+    chex.assert_type(result.reward, jnp.float32)
+    chex.assert_type([result.terminated, result.truncated], jnp.bool_)
+    chex.assert_trees_all_equal_shapes_and_dtypes(result.observation, result.final_observation)
+    missing = set(STEP_INFO_KEYS) - set(result.info)
+    if missing:
+        raise KeyError(f"StepResult.info lacks {sorted(missing)}")
+    chex.assert_shape([result.info["task_done"], result.info["episode_progress"]], (num_envs,))
+    chex.assert_shape(result.info["action_mask"], (num_envs, num_actions))
+    chex.assert_type([result.info["task_done"], result.info["action_mask"]], jnp.bool_)
+    chex.assert_type(result.info["episode_progress"], jnp.float32)
+    return result
+
+
+def observation_spec_of(env: TrainEnv) -> Observation:
+    """The batched observation's `jax.ShapeDtypeStruct`s, from a traced (never run) reset."""
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    return jax.eval_shape(lambda k: env.reset(k, env.params)[0], key)

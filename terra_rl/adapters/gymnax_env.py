@@ -28,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from terra_rl.adapters.contract import StepResult, checked_step_result, observation_spec_of
 from terra_rl.adapters.deferred_imports import deferring
 
 # Plotting modules gymnax imports for its renderers only (terra_rl.adapters.deferred_imports).
@@ -134,16 +135,15 @@ class GymnaxBatchEnv:
             state = state.replace(time=ages.astype(jnp.asarray(state.time).dtype))
         return _float32(obs), _strong(state)
 
-    def step(self, key: jax.Array, state, actions: jax.Array, params):
-        """actions int [num_envs] -> (obs, state, reward, terminated, truncated, info).
+    def observation_spec(self):
+        return observation_spec_of(self)
 
-        obs float32 [num_envs, *obs_shape] (first obs of the new episode where an env
-        finished); reward float32 [num_envs]; terminated/truncated bool [num_envs], never
-        both true. info (all batched [num_envs, ...]):
-          final_observation float32 [num_envs, *obs_shape]: pre-reset obs (= obs if not done)
-          task_done bool [num_envs]: all False (gymnax has no success notion)
-          episode_progress float32 [num_envs]: zeros
-          action_mask bool [num_envs, num_actions]: all True
+    def step(self, key: jax.Array, state, actions: jax.Array, params):
+        """actions int [num_envs] -> (state, `StepResult`).
+
+        observation and final_observation float32 [num_envs, *obs_shape]; terminated and
+        truncated never both true. info: task_done all False (gymnax has no success notion),
+        episode_progress zeros, action_mask all True.
         """
         keys = jax.random.split(key, self.num_envs)
         obs, state, reward, terminated, truncated, info = jax.vmap(
@@ -153,14 +153,16 @@ class GymnaxBatchEnv:
         truncated = jnp.asarray(truncated, jnp.bool_) & ~terminated
         if self.timeouts_terminal:
             terminated, truncated = terminated | truncated, jnp.zeros_like(truncated)
+        final_observation = _float32(info["final_observation"])
         info = {
-            "final_observation": _float32(info["final_observation"]),
             "task_done": jnp.zeros((self.num_envs,), jnp.bool_),
             "episode_progress": jnp.zeros((self.num_envs,), jnp.float32),
             "action_mask": jnp.ones((self.num_envs, self.num_actions), jnp.bool_),
         }
         reward = jnp.asarray(reward, jnp.float32)
-        return _float32(obs), _strong(state), reward, terminated, truncated, info
+        result = StepResult(_float32(obs), reward, terminated, truncated, final_observation,
+                            info)
+        return _strong(state), checked_step_result(result, self.num_envs, self.num_actions)
 
     def episode_age(self, state) -> jax.Array:
         """Steps taken in each env's current episode: int32 [num_envs]."""

@@ -1,17 +1,8 @@
 """The environments the trainer runs, behind one interface.
 
-A train env has `num_envs`, `num_actions`, `action_names`, `max_steps`, `has_success`,
-`params` (a pytree the trainer passes to jitted code as an argument), `group_names` and
-`curriculum_level_names` (empty without a curriculum), and
-
-    reset(key, params, staggered=True, first_maps=None) -> (obs, state)
-    step(key, state, actions, params) -> (obs, state, reward, terminated, truncated, info)
-    episode_age(state) -> int32 [num_envs]
-    episode_group(state, params) -> int32 [num_envs]   index into group_names
-    curriculum_level(state) -> int32 [num_envs]
-
-with auto-reset, `info["final_observation"]` (pre-reset observation), `info["task_done"]`,
-`info["episode_progress"]` and `info["action_mask"]` (bool [num_envs, num_actions]).
+A train env implements `terra_rl.adapters.contract.TrainEnv`: `step(key, state, actions,
+params) -> (state, StepResult)` with auto-reset and the pre-reset `final_observation`, and
+`reset`, `observation_spec`, `episode_age`, `episode_group`, `curriculum_level`.
 `ExcavationTrainEnv` wraps `envs.BatchEnv`; `terra_rl.adapters.gymnax_env.GymnaxBatchEnv` wraps
 gymnax environments.
 """
@@ -26,6 +17,7 @@ from envs import BatchEnv, CurriculumConfig, EnvConfig, ExcavationEnv, RewardCon
 from envs.actions import NUM_ACTIONS, TRACKED_ACTION_NAMES, WHEELED_ACTION_NAMES
 from envs.maps import MAP_TYPES, MapSet, generate_maps
 from envs.params import make_env_params, params_from_maps
+from terra_rl.adapters.contract import StepResult, checked_step_result, observation_spec_of
 from terra_rl.config import ConfigError, TrainConfig
 
 AGENT_TYPE_NAMES = ("tracked", "wheeled")
@@ -58,8 +50,17 @@ class ExcavationTrainEnv:
             state = state.replace(age=jnp.zeros_like(state.age))
         return obs, state
 
-    def step(self, key, state, actions, params):
-        return self.batch_env.step(key, state, actions, params)
+    def observation_spec(self):
+        return observation_spec_of(self)
+
+    def step(self, key, state, actions, params) -> tuple[object, StepResult]:
+        """`BatchEnv.step` as (state, `StepResult`); `info` keeps the env's other entries
+        (`reward_terms`, `curriculum_level`, ...)."""
+        obs, state, reward, terminated, truncated, info = self.batch_env.step(
+            key, state, actions, params)
+        final_observation = info.pop("final_observation")
+        result = StepResult(obs, reward, terminated, truncated, final_observation, info)
+        return state, checked_step_result(result, self.num_envs, self.num_actions)
 
     def episode_age(self, state) -> jax.Array:
         return state.age

@@ -16,14 +16,16 @@ import jax
 import jax.numpy as jnp
 
 from terra_rl.algo import run_keys
-from terra_rl.algo.update import AXIS, policy_outputs
+from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
+from terra_rl.algo.update import AXIS, policy_outputs, traced_at_most
 from terra_rl.config import TrainConfig
 
 SAMPLED_PREFIX = "eval_sampled/"
 
 
 def make_eval_fn(config: TrainConfig, env, policy,
-                 trace_counts: collections.Counter | None = None) -> Callable:
+                 trace_counts: collections.Counter | None = None,
+                 max_traces: int | None = None) -> Callable:
     """pmapped `evaluate(params, run_key uint32 [D, 2], env_params, sample bool [D])` ->
     metrics (float32 scalars, identical on every device; NaN where there is nothing to
     report). `run_key` is the seed's key (`run_keys.seed_key`) on every device.
@@ -42,7 +44,8 @@ def make_eval_fn(config: TrainConfig, env, policy,
       first_episode_return        mean return of the first episodes (finished or not)
       <ACTION>                    share of steps taking each action
 
-    Each trace adds 1 to `trace_counts["eval"]`.
+    Each trace adds 1 to `trace_counts["eval"]`; with `max_traces`, a trace past that many
+    fails at once (`update.traced_at_most`).
     """
     num_actions = env.num_actions
     num_groups = max(len(env.group_names), 1)
@@ -73,18 +76,20 @@ def make_eval_fn(config: TrainConfig, env, policy,
             "action_counts": jnp.zeros((num_actions,), jnp.float32),
         }
 
-        def step(carry, key):
-            obs, env_state, stats = carry
+        def choose(stats, obs, key) -> Choice:
+            """The greedy action, or with `sample` one drawn from the policy."""
             key_action, key_env = jax.random.split(key)
             logits, _ = policy_outputs(policy, params, obs, config.use_action_mask)
             sampled = jax.random.categorical(key_action, logits)
             action = jnp.where(sample, sampled, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
-            age = env.episode_age(env_state)
-            obs, env_state, reward, terminated, truncated, info = env.step(
-                key_env, env_state, action, env_params
-            )
-            done = terminated | truncated
-            success = info["task_done"] & terminated
+            return Choice(action, key_env)
+
+        def record(stats, step: Step):
+            """The episodes' statistics, summed per env."""
+            action, age, result = step.choice.action, step.age, step.result
+            reward, terminated = result.reward, result.terminated
+            done = terminated | result.truncated
+            success = result.info["task_done"] & terminated
             episode_return = stats["episode_return"] + reward
             first = ~stats["first_done"]
             new = dict(
@@ -102,15 +107,16 @@ def make_eval_fn(config: TrainConfig, env, policy,
                 action_counts=stats["action_counts"]
                 + jnp.sum(jax.nn.one_hot(action, num_actions), axis=0),
             )
-            return (obs, env_state, new), None
+            return new, None
 
         keys = jax.random.split(key_run, env.max_steps)
-        (_, _, stats), _ = jax.lax.scan(step, (obs, env_state, stats), keys)
+        carry = RolloutCarry(env_state, obs, stats)
+        (_, _, stats), _ = rollout(env, env_params, choose, record, carry, keys)
         if trace_counts is not None:
             trace_counts["eval"] += 1  # runs while tracing, never on the device
         return summarize(stats, group, env, num_groups)
 
-    return jax.pmap(evaluate, axis_name=AXIS)
+    return jax.pmap(traced_at_most(evaluate, max_traces), axis_name=AXIS)
 
 
 def summarize(stats, group, env, num_groups: int) -> dict[str, jax.Array]:

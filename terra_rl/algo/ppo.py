@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -55,6 +56,9 @@ def next_values(
     values [T, N] = V(obs[t]); last_value [N] = V(obs[T]) (the observation after the
     rollout); final_values [T, N] = V(final_observation[t]) where truncated.
     """
+    chex.assert_rank(values, 2)
+    chex.assert_equal_shape([values, terminated, truncated, final_values])
+    chex.assert_shape(last_value, values.shape[1:])
     following = jnp.concatenate([values[1:], last_value[None]], axis=0)
     return jnp.where(terminated, 0.0, jnp.where(truncated, final_values, following))
 
@@ -74,6 +78,9 @@ def gae_advantages(
     reset boundary (`done = terminated | truncated`); `next_value` carries the bootstrap.
     Returns (advantages, returns = advantages + values), both float32 [T, N].
     """
+    chex.assert_rank(rewards, 2)
+    chex.assert_equal_shape([rewards, values, next_value, done])
+    chex.assert_type([rewards, values, next_value], jnp.float32)
     deltas = rewards + gamma * next_value - values
     carry_on = gamma * gae_lambda * (1.0 - done.astype(jnp.float32))
 
@@ -187,6 +194,8 @@ def sample_actions(logits: jax.Array, gumbel: jax.Array) -> jax.Array:
     by the Gumbel-max trick, with Gumbel noise float32 [B, A]; what
     `jax.random.categorical(key, logits)` returns when the noise is `jax.random.gumbel(key,
     logits.shape)`. Masked logits (a large finite negative) are never drawn."""
+    chex.assert_equal_shape_suffix([logits, gumbel], 1)
+    chex.assert_type([logits, gumbel], jnp.float32)
     return jnp.argmax(logits + gumbel, axis=-1).astype(jnp.int32)
 
 
@@ -197,6 +206,7 @@ def categorical_log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
     values and gradients, but no gather forward and no scatter backward, which on CPU cost
     each minibatch step about 1% (docs/PERFORMANCE.md, "The rollout's randomness drawn once
     an update")."""
+    chex.assert_shape(actions, logits.shape[:-1])
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     chosen = jax.nn.one_hot(actions, logits.shape[-1], dtype=jnp.bool_)
     return jnp.sum(jnp.where(chosen, log_probs, 0.0), axis=-1)
@@ -230,6 +240,11 @@ def ppo_loss(
     Returns (total loss, metrics): actor_loss, value_loss, entropy, approx_kl,
     clip_fraction.
     """
+    chex.assert_rank(logits, 2)
+    chex.assert_type([logits, values, old_log_probs, old_values, advantages, returns],
+                     jnp.float32)
+    chex.assert_shape([values, actions, old_log_probs, old_values, advantages, returns],
+                      logits.shape[:1])
     log_probs = categorical_log_prob(logits, actions)
     log_ratio = log_probs - old_log_probs
     ratio = jnp.exp(log_ratio)

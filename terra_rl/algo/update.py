@@ -6,15 +6,17 @@ the device axis. `make_update_fn` returns it `jax.pmap`'d with the runner state 
 from __future__ import annotations
 
 import collections
-import functools
+import itertools
 from collections.abc import Callable
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
 
 from terra_rl.algo import ppo, run_keys
+from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.config import TrainConfig
 from terra_rl.nets import loss_scaling
 from terra_rl.nets.loss_scaling import LossScale
@@ -59,7 +61,11 @@ def policy_outputs(policy, params, obs, use_action_mask: bool):
     """(float32 logits [B, A] masked when masking is on, float32 value [B])."""
     logits, value = policy.apply(params, obs)
     mask = obs["action_mask"] if use_action_mask else None
-    return apply_action_mask(logits, mask), to_float32(value)
+    logits, value = apply_action_mask(logits, mask), to_float32(value)
+    chex.assert_rank(logits, 2)
+    chex.assert_type([logits, value], jnp.float32)
+    chex.assert_shape(value, logits.shape[:1])
+    return logits, value
 
 
 def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
@@ -193,13 +199,35 @@ def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
     return jax.tree.map(split, batch)
 
 
+_TRACE_GUARDS = itertools.count()
+
+
+def traced_at_most(fn: Callable, max_traces: int | None) -> Callable:
+    """`fn`, failing with chex's AssertionError at its trace number `max_traces` + 1 (a
+    retrace is a recompile: tens of seconds on CPU); `fn` itself when `max_traces` is None.
+
+    `chex.assert_max_traces` counts per definition site (the call stack's function names,
+    the source and the name), so the functions of two trainers built by the same code would
+    share one count. A serial number in the name while chex takes its footprint gives each
+    its own; the name JAX sees (and the compiled program) is unchanged."""
+    if max_traces is None:
+        return fn
+    name = fn.__name__
+    fn.__name__ = f"{name}#{next(_TRACE_GUARDS)}"
+    guarded = chex.assert_max_traces(fn, n=max_traces)
+    fn.__name__ = guarded.__name__ = name
+    return guarded
+
+
 def make_update_fn(config: TrainConfig, env, policy,
-                   trace_counts: collections.Counter | None = None) -> Callable:
+                   trace_counts: collections.Counter | None = None,
+                   max_traces: int | None = None) -> Callable:
     """pmapped `update(runner_state, env_params) -> (runner_state, metrics)`, donating the
     runner state. Metrics are float32 scalars, identical on every device. With
     `config.updates_per_dispatch` K > 1 it is `update(runner_state, env_params, count int32)`
     running `count` <= K updates, each metric with a leading [K] (`repeat_update`). Each
-    trace adds 1 to `trace_counts["update"]` (the trainer compiles it once per run)."""
+    trace adds 1 to `trace_counts["update"]` (the trainer compiles it once per run); with
+    `max_traces`, a trace past that many fails at once (`traced_at_most`)."""
     num_envs = env.num_envs
     # XLA:CPU runs `lax.conv` gradients inside a while loop an order of magnitude slower
     # than at top level (jax-ml/jax#12868), so on CPU the PPO loops of a network with such
@@ -212,16 +240,20 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
 
-    def rollout_step(env_params, carry, noise):
-        params, env_state, obs, counters = carry
-        gumbel, key_env = noise  # this step's row of `ppo.rollout_noise`
+    def choose(extra, obs, noise) -> Choice:
+        """The policy's action, sampled with this step's row of `ppo.rollout_noise`."""
+        params, _ = extra
+        gumbel, key_env = noise
         obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
         logits, value = outputs(params, obs)
-        action = ppo.sample_actions(logits, gumbel)
-        age = env.episode_age(env_state)
-        next_obs, env_state, reward, terminated, truncated, info = env.step(
-            key_env, env_state, action, env_params
-        )
+        return Choice(ppo.sample_actions(logits, gumbel), key_env, (obs, logits, value))
+
+    def record(extra, step: Step):
+        """A PPO transition and the finished episodes' statistics; counters carried on."""
+        params, counters = extra
+        (obs, logits, value), action, age = step.choice.kept, step.choice.action, step.age
+        result = step.result
+        reward, terminated, truncated = result.reward, result.terminated, result.truncated
         done = terminated | truncated
         episode_return = counters.episode_return + reward
         reported = done & counters.episode_full
@@ -233,21 +265,21 @@ def make_update_fn(config: TrainConfig, env, policy,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            final_obs=info["final_observation"],
+            final_obs=result.final_observation,
             age=age,
-            progress=info["episode_progress"],
+            progress=result.info["episode_progress"],
         )
         episodes = {
             "count": reported.astype(jnp.float32),
             "return": jnp.where(reported, episode_return, 0.0),
             "length": jnp.where(reported, age + 1, 0).astype(jnp.float32),
-            "task_done": info["task_done"].astype(jnp.float32),
+            "task_done": result.info["task_done"].astype(jnp.float32),
         }
         counters = counters.replace(
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_full=counters.episode_full | done,
         )
-        return (params, env_state, next_obs, counters), (transition, episodes)
+        return (params, counters), (transition, episodes)
 
     loss_and_grads = make_loss_and_grads(config, policy)
     optimizer_step = ppo.make_optimizer_step(config)
@@ -286,11 +318,9 @@ def make_update_fn(config: TrainConfig, env, policy,
         params = runner.policy.params
         rng, key_rollout, key_epochs = jax.random.split(runner.rng, 3)
         noise = ppo.rollout_noise(key_rollout, config.num_steps, num_envs, env.num_actions)
-        carry = (params, runner.env_state, runner.last_obs, runner.counters)
-        carry, (traj, episodes) = jax.lax.scan(
-            functools.partial(rollout_step, env_params), carry, noise
-        )
-        _, env_state, last_obs, counters = carry
+        carry = RolloutCarry(runner.env_state, runner.last_obs, (params, runner.counters))
+        carry, (traj, episodes) = rollout(env, env_params, choose, record, carry, noise)
+        env_state, last_obs, (_, counters) = carry
         last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
                                                     traj.truncated)
         next_value = ppo.next_values(
@@ -342,8 +372,10 @@ def make_update_fn(config: TrainConfig, env, policy,
         return repeat_update(update, config.updates_per_dispatch)(runner, env_params, count)
 
     if config.updates_per_dispatch == 1:
-        return jax.pmap(counted_update, axis_name=AXIS, donate_argnums=(0,))
-    return jax.pmap(repeated_update, axis_name=AXIS, donate_argnums=(0,))
+        return jax.pmap(traced_at_most(counted_update, max_traces), axis_name=AXIS,
+                        donate_argnums=(0,))
+    return jax.pmap(traced_at_most(repeated_update, max_traces), axis_name=AXIS,
+                    donate_argnums=(0,))
 
 
 def repeat_update(update: Callable, max_updates: int) -> Callable:

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from terra_rl.algo import ppo
+from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.algo.update import make_loss_and_grads, policy_outputs
 from terra_rl.config import TrainConfig
 from terra_rl.nets.models import with_derived_features
@@ -85,15 +86,19 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
 
     @jax.jit
     def env_only(key, state):
-        def step(state, key):
+        def choose(_, obs, key) -> Choice:
             key_action, key_env = jax.random.split(key)
-            action = jax.random.randint(key_action, (envs,), 0, env.num_actions)
-            obs, state, reward, *_ = env.step(key_env, state, action, env_params)
+            return Choice(jax.random.randint(key_action, (envs,), 0, env.num_actions), key_env)
+
+        def record(_, step: Step):
             # A sum of every observation, so XLA cannot drop the work that builds them
             # (the action mask's rules among it), as nothing else reads them here.
+            obs = step.result.observation
             checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
-            return state, reward.sum() + checksum
-        return jax.lax.scan(step, state, jax.random.split(key, steps))
+            return None, step.result.reward.sum() + checksum
+
+        carry = RolloutCarry(state, obs, None)
+        return rollout(env, env_params, choose, record, carry, jax.random.split(key, steps))
 
     @jax.jit
     def forward_only(params, observations):
@@ -104,18 +109,21 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
         return jax.lax.scan(step, jnp.zeros(()), observations)[0]
 
     @jax.jit
-    def rollout(params, key, state, obs):
-        def step(carry, noise):
-            state, obs = carry
+    def policy_rollout(params, key, state, obs):
+        def choose(_, obs, noise) -> Choice:
             gumbel, key_env = noise
             logits, value = outputs(params, obs)
-            action = ppo.sample_actions(logits, gumbel)
-            next_obs, state, reward, *_ = env.step(key_env, state, action, env_params)
-            return (state, next_obs), (obs, reward, value)
-        noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
-        return jax.lax.scan(step, (state, obs), noise)
+            return Choice(ppo.sample_actions(logits, gumbel), key_env, (obs, value))
 
-    _, (observations, rewards, values) = rollout(params, jax.random.PRNGKey(2), env_state, obs)
+        def record(_, step: Step):
+            obs, value = step.choice.kept
+            return None, (obs, step.result.reward, value)
+
+        noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
+        return rollout(env, env_params, choose, record, RolloutCarry(state, obs, None), noise)
+
+    _, (observations, rewards, values) = policy_rollout(params, jax.random.PRNGKey(2),
+                                                        env_state, obs)
     dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)
 
     @jax.jit
@@ -144,7 +152,7 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
     timed = {
         "env_step": (lambda: env_only(key, env_state), 1),
         "policy_forward": (lambda: forward_only(params, observations), 1),
-        "rollout": (lambda: rollout(params, key, env_state, obs), 1),
+        "rollout": (lambda: policy_rollout(params, key, env_state, obs), 1),
         "gae": (lambda: gae(rewards, values), 1),
         "minibatch_gradient": (
             lambda: loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0)),

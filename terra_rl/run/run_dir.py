@@ -38,10 +38,10 @@ VERSIONED_PACKAGES = (
     "jaxlib",
     "flax",
     "optax",
-    "distrax",
     "orbax-checkpoint",
     "chex",
     "wandb",
+    "gymnax",
 )
 REPRODUCIBILITY_ENV_VARS = (
     "XLA_FLAGS",

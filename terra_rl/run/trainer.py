@@ -307,13 +307,14 @@ def policy_config(config: TrainConfig) -> PolicyConfig:
     )
 
 
-def build_trainer(config: TrainConfig) -> Trainer:
+def build_trainer(config: TrainConfig, max_traces: int | None = None) -> Trainer:
     """Envs, policy and the pmapped functions for a resolved config (nothing compiled).
-    Raises `ConfigError` when a multi-process run does not use every device."""
+    With `max_traces` (the tests' 1), tracing the update or the eval more often fails at
+    once with chex's AssertionError. Raises `ConfigError` when a multi-process run does not
+    use every device."""
     devices = distributed.pmap_devices(config.num_devices)
     train_env, eval_env = make_train_envs(config)
-    example_obs, _ = jax.eval_shape(
-        lambda: train_env.reset(jax.random.PRNGKey(0), train_env.params))
+    example_obs = train_env.observation_spec()
     policy = make_policy(policy_config(config), train_env.num_actions, example_obs)
     optimizer = ppo.make_optimizer(config)
     trace_counts = collections.Counter()
@@ -324,8 +325,8 @@ def build_trainer(config: TrainConfig) -> Trainer:
         eval_env=eval_env,
         policy=policy,
         init_fn=make_init_fn(config, train_env, policy, optimizer),
-        update_fn=make_update_fn(config, train_env, policy, trace_counts),
-        eval_fn=make_eval_fn(config, eval_env, policy, trace_counts),
+        update_fn=make_update_fn(config, train_env, policy, trace_counts, max_traces),
+        eval_fn=make_eval_fn(config, eval_env, policy, trace_counts, max_traces),
         env_params=None,
         trace_counts=trace_counts,
     )

@@ -1,0 +1,71 @@
+"""The rollout: a `lax.scan` of (choose an action, step the envs) that training, evaluation
+and the profiler share. What differs between them is passed in: how an action is chosen
+(`choose`: the policy sampled with the update's Gumbel noise, greedy or sampled on the
+held-out maps, or random) and what each step leaves behind (`record`: PPO transitions,
+evaluation statistics, a checksum).
+
+    carry = RolloutCarry(env_state, observation, extra)   extra: the caller's (parameters,
+                                                          counters, statistics, ...)
+    for x in xs:                                          xs: per-step inputs, [num_steps, ...]
+        choice = choose(extra, observation, x)            -> Choice(action int32 [N],
+                                                             env_key, kept)
+        env_state, result = env.step(choice.env_key, env_state, choice.action, env_params)
+        extra, output = record(extra, Step(age, choice, result))
+        observation = result.observation
+
+Every array has a leading [num_envs] (`N`); `rollout` returns the last carry and the
+outputs stacked to [num_steps, ...].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from terra_rl.adapters.contract import Observation, StepResult, TrainEnv
+
+
+class RolloutCarry(NamedTuple):
+    env_state: Any
+    observation: Observation
+    """The observation the next action is chosen from."""
+    extra: Any
+    """What the caller carries from step to step."""
+
+
+class Choice(NamedTuple):
+    action: jax.Array
+    """int32 [N]."""
+    env_key: jax.Array
+    """The key of this env step."""
+    kept: Any = None
+    """What `record` needs from choosing (the observation with derived features, logits,
+    values, ...)."""
+
+
+class Step(NamedTuple):
+    age: jax.Array
+    """int32 [N], the episode age of the observation the action was chosen from."""
+    choice: Choice
+    result: StepResult
+
+
+Choose = Callable[[Any, Observation, Any], Choice]
+Record = Callable[[Any, Step], tuple[Any, Any]]
+
+
+def rollout(env: TrainEnv, env_params, choose: Choose, record: Record, carry: RolloutCarry,
+            xs, length: int | None = None) -> tuple[RolloutCarry, Any]:
+    """`lax.scan` of `choose`, `env.step` and `record` over `xs` (see the module docstring):
+    (last carry, `record`'s outputs stacked to [num_steps, ...])."""
+
+    def one_step(carry: RolloutCarry, x):
+        choice = choose(carry.extra, carry.observation, x)
+        age = env.episode_age(carry.env_state)
+        env_state, result = env.step(choice.env_key, carry.env_state, choice.action, env_params)
+        extra, output = record(carry.extra, Step(age, choice, result))
+        return RolloutCarry(env_state, result.observation, extra), output
+
+    return jax.lax.scan(one_step, carry, xs, length=length)
