@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs import action_rules, excavation, reachability, rewards
+from envs import action_rules, excavation, reachability, rewards, spawn
 from envs import actions as A
 from envs import curriculum as curriculum_rules
 from envs import geometry as geo
@@ -47,6 +47,7 @@ class ExcavationEnv:
         self._displacements = geo.move_displacements(config.move_step)
         self._extents = geo.footprint_extents(config)
         self._targets_cut_off = reachability.make_targets_cut_off(config)
+        self._level_map_types = None  # int32 [levels]: each curriculum level's map type
         if config.curriculum is not None:
             unknown = set(config.curriculum.levels) - set(MAP_TYPES)
             if unknown:
@@ -141,72 +142,18 @@ class ExcavationEnv:
         curriculum: CurriculumState | None = None,
     ) -> EnvState:
         """An EnvState from maps ([N, N], any int dtype) and an agent; the progress counters
-        are derived from the maps. Used by reset and to build exact states in tests."""
-        target_map = jnp.asarray(target_map, jnp.int8)
-        action_map = (
-            jnp.zeros_like(target_map) if action_map is None else jnp.asarray(action_map, jnp.int8)
-        )
-        has_dump_zones = jnp.any(target_map == 1)
-        soil_outside_zones = jnp.sum(
-            jnp.where(target_map == 1, 0, jnp.maximum(action_map, 0)), dtype=jnp.int32
-        )
-        zero = jnp.zeros((), jnp.int32)
-        if curriculum is None:
-            curriculum = CurriculumState(
-                level=zero, consecutive_successes=zero, consecutive_failures=zero
-            )
-        dig_tiles_done = jnp.sum((target_map == -1) & (action_map < 0), dtype=jnp.int32)
-        misplaced_soil = jnp.where(has_dump_zones, soil_outside_zones, 0)
-        return EnvState(
-            agent=jax.tree.map(lambda x: jnp.asarray(x, jnp.int32), agent),
-            target_map=target_map,
-            action_map=action_map,
-            obstacles=jnp.asarray(obstacles, jnp.int8),
-            dumpability=jnp.asarray(dumpability, jnp.int8),
-            has_dump_zones=has_dump_zones,
-            dig_tiles_total=jnp.sum(target_map == -1, dtype=jnp.int32),
-            dig_tiles_done=dig_tiles_done,
-            misplaced_soil=misplaced_soil,
-            best_progress=dig_tiles_done - misplaced_soil,
-            steps_since_progress=zero,
-            last_actions=jnp.full((self.config.num_last_actions,), A.NO_ACTION, jnp.int32),
-            recent_poses=action_rules.fresh_memory(self.config, self.pose_code(agent)),
-            refused_digs=jnp.zeros(target_map.shape, bool),
-            age=jnp.asarray(age, jnp.int32),
-            map_index=jnp.asarray(map_index, jnp.int32),
-            curriculum=curriculum,
-        )
+        are derived from the maps. Used by reset and to build exact states in tests
+        (`envs.spawn.initial_state`)."""
+        return spawn.initial_state(self.config, target_map, obstacles, dumpability, agent,
+                                   action_map=action_map, age=age, map_index=map_index,
+                                   curriculum=curriculum)
 
     def _sample_map_index(self, key, params: EnvParams, level) -> jax.Array:
-        if self.config.curriculum is None:
-            return jax.random.randint(key, (), 0, params.num_maps)
-        map_type = jnp.asarray(self._level_map_types)[level]
-        count = jnp.maximum(params.num_maps_of_type[map_type], 1)
-        return params.maps_of_type[map_type, jax.random.randint(key, (), 0, count)]
+        return spawn.sample_map_index(self.config, self._level_map_types, key, params, level)
 
     def _spawn(self, key_spawn, key_heading, key_fallback, target_map, obstacles, spawn_pose):
-        """A valid (pos, heading): the first free one of a few random candidates, else the
-        map's guaranteed spawn square. Bounded work, no while loop."""
-        cfg = self.config
-        count = cfg.spawn_candidates
-        lo = int(self._extents.max())
-        rows_cols = jax.random.randint(key_spawn, (count, 2), lo, cfg.map_size - lo)
-        headings = jax.random.randint(key_heading, (count,), 0, geo.NUM_HEADINGS)
-        free = (obstacles == 0) & (target_map == 0)
-        radius = int(np.ceil(cfg.footprint_radius))
-
-        def is_valid(pos, heading):
-            window = geo.make_window(pos, cfg.map_size, radius)
-            covered = geo.footprint_mask(cfg, window, heading)
-            on_map = geo.footprint_in_map(self._extents, pos, heading, cfg.map_size)
-            return on_map & ~jnp.any(covered & ~geo.crop(free, window))
-
-        valid = jax.vmap(is_valid)(rows_cols, headings)
-        first = jnp.argmax(valid)
-        fallback_heading = jax.random.randint(key_fallback, (), 0, geo.NUM_HEADINGS)
-        pos = jnp.where(jnp.any(valid), rows_cols[first], spawn_pose)
-        heading = jnp.where(jnp.any(valid), headings[first], fallback_heading)
-        return pos.astype(jnp.int32), heading.astype(jnp.int32)
+        return spawn.spawn_pose(self.config, self._extents, key_spawn, key_heading,
+                                key_fallback, target_map, obstacles, spawn_pose)
 
     # ------------------------------------------------------------------ step
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import chex
 import jax
@@ -55,6 +56,25 @@ class RunnerState:
     rng: jax.Array
     counters: Counters
     loss_scale: LossScale
+
+
+class Batch(NamedTuple):
+    """What the PPO epochs train on: a rollout's transitions with their advantages, [T, N,
+    ...] after the rollout and [B, ...] in a minibatch. (The fields are in alphabetical
+    order, as the dict it replaced flattened: the same leaves in the same order.)"""
+
+    action: jax.Array
+    """int32, the action taken."""
+    advantage: jax.Array
+    """float32, GAE advantage."""
+    log_prob: jax.Array
+    """float32, log-probability under the behaviour policy."""
+    obs: Any
+    """The observation pytree the action was taken from, derived features included."""
+    returns: jax.Array
+    """float32, advantage + value: the value target."""
+    value: jax.Array
+    """float32, V(obs) under the behaviour policy."""
 
 
 def policy_outputs(policy, params, obs, use_action_mask: bool):
@@ -146,23 +166,22 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
     before the backward pass and the gradients divided by it after; the other precisions
     keep a scale of 1 and skip both (x * 1 and x / 1 are x). `grads` are float32 gradients
     of the unscaled loss, shaped like `params` and not yet averaged over devices. `batch`:
-    obs (pytree [N, ...]), action int32 [N], log_prob, value, advantage, return float32
-    [N]. Metrics: loss (the unscaled total), actor_loss, value_loss, entropy, approx_kl,
-    clip_fraction.
+    a minibatch `Batch` of [B, ...]. Metrics: loss (the unscaled total), actor_loss,
+    value_loss, entropy, approx_kl, clip_fraction.
     """
 
     dynamic_scale = loss_scaling.is_dynamic(config.precision)
 
     def scaled_loss(params, batch, ent_coef, loss_scale):
-        logits, values = policy_outputs(policy, params, batch["obs"], config.use_action_mask)
+        logits, values = policy_outputs(policy, params, batch.obs, config.use_action_mask)
         loss, metrics = ppo.ppo_loss(
             logits,
             values,
-            batch["action"],
-            batch["log_prob"],
-            batch["value"],
-            batch["advantage"],
-            batch["return"],
+            batch.action,
+            batch.log_prob,
+            batch.value,
+            batch.advantage,
+            batch.returns,
             clip_eps=config.clip_eps,
             vf_coef=config.vf_coef,
             ent_coef=ent_coef,
@@ -330,14 +349,8 @@ def make_update_fn(config: TrainConfig, env, policy,
         advantages, returns = ppo.gae_advantages(
             traj.reward, traj.value, next_value, done, config.gamma, config.gae_lambda
         )
-        batch = {
-            "obs": traj.obs,
-            "action": traj.action,
-            "log_prob": traj.log_prob,
-            "value": traj.value,
-            "advantage": advantages,
-            "return": returns,
-        }
+        batch = Batch(action=traj.action, advantage=advantages, log_prob=traj.log_prob,
+                      obs=traj.obs, returns=returns, value=traj.value)
         ent_coef = ppo.entropy_coefficient(config, counters.update)
         (policy_state, loss_scale, _, _), update_metrics = jax.lax.scan(
             epoch,

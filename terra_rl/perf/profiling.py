@@ -39,7 +39,7 @@ import numpy as np
 
 from terra_rl.algo import ppo
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
-from terra_rl.algo.update import make_loss_and_grads, policy_outputs
+from terra_rl.algo.update import Batch, make_loss_and_grads, policy_outputs
 from terra_rl.config import TrainConfig
 from terra_rl.nets.models import with_derived_features
 from terra_rl.perf.benchmarking import time_in_rounds
@@ -136,9 +136,10 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
                              obs)
     # As in the trainer, the stored minibatch carries the parameter-free features.
     batch_obs = jax.jit(functools.partial(with_derived_features, policy))(batch_obs)
-    batch = {"obs": batch_obs, "action": jnp.zeros((minibatch,), jnp.int32),
-             "log_prob": jnp.full((minibatch,), -2.0), "value": jnp.zeros((minibatch,)),
-             "advantage": jnp.linspace(-1.0, 1.0, minibatch), "return": jnp.ones((minibatch,))}
+    batch = Batch(action=jnp.zeros((minibatch,), jnp.int32),
+                  advantage=jnp.linspace(-1.0, 1.0, minibatch),
+                  log_prob=jnp.full((minibatch,), -2.0), obs=batch_obs,
+                  returns=jnp.ones((minibatch,)), value=jnp.zeros((minibatch,)))
     _, grads = loss_and_grads(params, batch, jnp.float32(0.01), jnp.float32(1.0))
     opt_state = ppo.make_optimizer(config).init(params)
     optimizer_step = ppo.make_optimizer_step(config)

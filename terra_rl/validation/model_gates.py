@@ -152,7 +152,7 @@ def scaled_gradients(loss_and_grads, params, batch, precision: str):
 
 
 def precision_head_gradients(options: GateOptions) -> str:
-    from terra_rl.algo.update import make_loss_and_grads
+    from terra_rl.algo.update import Batch, make_loss_and_grads
     from terra_rl.nets.precision import gradient_norms
 
     obs, _ = small.small_observations()
@@ -164,14 +164,14 @@ def precision_head_gradients(options: GateOptions) -> str:
         policy, params = small.smoke_policy(precision)
         logits, value = small.make_policy_outputs(config.use_action_mask, precision)(params, obs)
         action = jax.random.categorical(jax.random.PRNGKey(3), logits).astype(jnp.int32)
-        batch = {
-            "obs": obs,
-            "action": action,
-            "log_prob": ppo.categorical_log_prob(logits, action),
-            "value": value,
-            "advantage": jnp.asarray(rng.normal(size=size), jnp.float32),
-            "return": value + jnp.asarray(rng.normal(size=size), jnp.float32),
-        }
+        batch = Batch(
+            action=action,
+            advantage=jnp.asarray(rng.normal(size=size), jnp.float32),
+            log_prob=ppo.categorical_log_prob(logits, action),
+            obs=obs,
+            returns=value + jnp.asarray(rng.normal(size=size), jnp.float32),
+            value=value,
+        )
         loss_and_grads = jax.jit(make_loss_and_grads(config, policy))
         metrics, grads, scale, overflows = scaled_gradients(
             loss_and_grads, params, batch, precision
