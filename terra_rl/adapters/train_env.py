@@ -30,8 +30,11 @@ class ExcavationTrainEnv:
     has_success = True
     group_names = tuple(f"{m}/{a}" for m in MAP_TYPES for a in AGENT_TYPE_NAMES)
 
-    def __init__(self, batch_env: BatchEnv):
+    def __init__(self, batch_env: BatchEnv, reference_resets: bool = False):
+        """`reference_resets` steps with `BatchEnv.step_reference` (every env reset
+        unconditionally, the parity reference) instead of `BatchEnv.step`."""
         self.batch_env = batch_env
+        self._batch_step = batch_env.step_reference if reference_resets else batch_env.step
         self.num_envs = batch_env.num_envs
         self.num_actions = NUM_ACTIONS
         self.action_names = action_names(batch_env.env.config.wheeled_fraction)
@@ -56,7 +59,7 @@ class ExcavationTrainEnv:
     def step(self, key, state, actions, params) -> tuple[object, StepResult]:
         """`BatchEnv.step` as (state, `StepResult`); `info` keeps the env's other entries
         (`reward_terms`, `curriculum_level`, ...)."""
-        obs, state, reward, terminated, truncated, info = self.batch_env.step(
+        obs, state, reward, terminated, truncated, info = self._batch_step(
             key, state, actions, params)
         final_observation = info.pop("final_observation")
         result = StepResult(obs, reward, terminated, truncated, final_observation, info)

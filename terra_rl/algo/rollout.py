@@ -9,9 +9,9 @@ evaluation statistics, a checksum).
     for x in xs:                                          xs: per-step inputs, [num_steps, ...]
         choice = choose(extra, observation, x)            -> Choice(action int32 [N],
                                                              env_key, kept)
-        env_state, result = env.step(choice.env_key, env_state, choice.action, env_params)
-        extra, output = record(extra, Step(age, choice, result))
-        observation = result.observation
+        next_state, result = env.step(choice.env_key, env_state, choice.action, env_params)
+        extra, output = record(extra, Step(age, choice, result, env_state))
+        env_state, observation = next_state, result.observation
 
 Every array has a leading [num_envs] (`N`); `rollout` returns the last carry and the
 outputs stacked to [num_steps, ...].
@@ -50,6 +50,8 @@ class Step(NamedTuple):
     """int32 [N], the episode age of the observation the action was chosen from."""
     choice: Choice
     result: StepResult
+    env_state: Any
+    """The env state the action was taken in (what the validation gates inspect)."""
 
 
 Choose = Callable[[Any, Observation, Any], Choice]
@@ -65,7 +67,7 @@ def rollout(env: TrainEnv, env_params, choose: Choose, record: Record, carry: Ro
         choice = choose(carry.extra, carry.observation, x)
         age = env.episode_age(carry.env_state)
         env_state, result = env.step(choice.env_key, carry.env_state, choice.action, env_params)
-        extra, output = record(carry.extra, Step(age, choice, result))
+        extra, output = record(carry.extra, Step(age, choice, result, carry.env_state))
         return RolloutCarry(env_state, result.observation, extra), output
 
     return jax.lax.scan(one_step, carry, xs, length=length)

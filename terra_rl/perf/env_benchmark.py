@@ -16,6 +16,8 @@ from envs.config import EnvConfig
 from envs.env import ExcavationEnv
 from envs.params import make_env_params
 from envs.state import EnvParams
+from terra_rl.adapters.train_env import ExcavationTrainEnv
+from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.perf.benchmarking import time_once, time_repeated
 
 
@@ -58,29 +60,29 @@ def build_batch_env(
 
 def make_rollout(batch_env: BatchEnv, num_steps: int, reference: bool):
     """Jitted (key, state, obs, params) -> (key, state, obs, done_count, any_done_count,
-    reward_sum) running `num_steps` batch steps with uniformly random actions.
+    reward_sum) running `num_steps` batch steps with uniformly random actions: the trainer's
+    rollout (`terra_rl.algo.rollout`) over the env's adapter, stepping with
+    `BatchEnv.step_reference` when `reference`.
 
     obs and rewards are outputs so that XLA cannot drop their computation as dead code.
     """
-    step = batch_env.step_reference if reference else batch_env.step
+    env = ExcavationTrainEnv(batch_env, reference_resets=reference)
     num_envs = batch_env.num_envs
 
-    def rollout(key, state, obs, params):
-        def one_step(carry, _):
-            key, state, obs = carry
-            key, key_actions, key_step = jax.random.split(key, 3)
-            actions = jax.random.randint(key_actions, (num_envs,), 0, A.NUM_ACTIONS)
-            obs, state, reward, terminated, truncated, _ = step(key_step, state, actions, params)
-            done = terminated | truncated
-            return (key, state, obs), (
-                jnp.sum(done, dtype=jnp.int32),
-                jnp.any(done),
-                jnp.sum(reward),
-            )
+    def choose(key, obs, _) -> Choice:
+        key, key_actions, key_step = jax.random.split(key, 3)
+        actions = jax.random.randint(key_actions, (num_envs,), 0, A.NUM_ACTIONS)
+        return Choice(actions.astype(jnp.int32), key_step, key)
 
-        (key, state, obs), (done_counts, any_done, rewards) = jax.lax.scan(
-            one_step, (key, state, obs), length=num_steps
-        )
+    def record(_, step: Step):
+        done = step.result.terminated | step.result.truncated
+        counts = (jnp.sum(done, dtype=jnp.int32), jnp.any(done), jnp.sum(step.result.reward))
+        return step.choice.kept, counts
+
+    def run(key, state, obs, params):
+        carry = RolloutCarry(state, obs, key)
+        (state, obs, key), (done_counts, any_done, rewards) = rollout(
+            env, params, choose, record, carry, None, length=num_steps)
         return (
             key,
             state,
@@ -90,7 +92,7 @@ def make_rollout(batch_env: BatchEnv, num_steps: int, reference: bool):
             jnp.sum(rewards),
         )
 
-    return jax.jit(rollout)
+    return jax.jit(run)
 
 
 # ---------------------------------------------------------------------------- measurements

@@ -151,7 +151,6 @@ class Rollout:
         return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), self.states)
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def _rollout_actions(num_envs: int, key: jax.Array, loaded: jax.Array) -> jax.Array:
     """DO with probability 50% when empty and 10% when loaded, else a uniform action."""
     key_action, key_do = jax.random.split(key)
@@ -161,22 +160,40 @@ def _rollout_actions(num_envs: int, key: jax.Array, loaded: jax.Array) -> jax.Ar
 
 
 def random_rollout(batch: BatchEnv, params: EnvParams, key: jax.Array, num_steps: int) -> Rollout:
-    """`num_steps` steps of `batch` from a reset, one compiled step at a time (the step is
-    shared with the other gates, so a rollout costs no compile of its own). The policy
-    favours DO when empty and holds the load for a while, so that loaded agents, dug ground
-    and dumped soil show up often, alongside blocked moves near obstacles and map edges."""
-    step = make_step_pair(batch)
-    key_reset, key_run = jax.random.split(key)
-    _, state = make_batch_reset(batch)(key_reset, params)
-    steps = []
-    for step_key in jax.random.split(key_run, num_steps):
+    """`num_steps` steps of `batch` from a reset: the trainer's rollout
+    (`terra_rl.algo.rollout`) over the env's adapter, with a random policy that favours DO
+    when empty and holds the load for a while, so that loaded agents, dug ground and dumped
+    soil show up often, alongside blocked moves near obstacles and map edges."""
+    return _make_random_rollout(batch, num_steps)(key, params)
+
+
+@functools.cache
+def _make_random_rollout(batch: BatchEnv, num_steps: int):
+    from terra_rl.adapters.train_env import ExcavationTrainEnv
+    from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
+
+    env = ExcavationTrainEnv(batch)
+
+    def choose(_, obs, step_key) -> Choice:
         key_action, key_step = jax.random.split(step_key)
-        actions = _rollout_actions(batch.num_envs, key_action, state.agent.loaded)
-        (_, next_state, _, terminated, truncated, info), _ = step(key_step, state, actions, params)
-        steps.append((state, terminated | truncated, terminated, info["episode_progress"]))
-        state = next_state
-    states, done, terminated, progress = jax.tree.map(lambda *x: jnp.stack(x), *steps)
-    return Rollout(states, done, terminated, progress)
+        loaded = obs["agent_state"][:, 5]  # AgentState.loaded, as the observation shows it
+        return Choice(_rollout_actions(batch.num_envs, key_action, loaded), key_step)
+
+    def record(_, step: Step):
+        result = step.result
+        return None, (step.env_state, result.terminated | result.truncated, result.terminated,
+                      result.info["episode_progress"])
+
+    @jax.jit
+    def run(key, params) -> Rollout:
+        key_reset, key_run = jax.random.split(key)
+        obs, state = batch.reset(key_reset, params)
+        carry = RolloutCarry(state, obs, None)
+        _, (states, done, terminated, progress) = rollout(
+            env, params, choose, record, carry, jax.random.split(key_run, num_steps))
+        return Rollout(states, done, terminated, progress)
+
+    return run
 
 
 @functools.cache
