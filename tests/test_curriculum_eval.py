@@ -17,7 +17,8 @@ from envs.maps import MAP_TYPES, generate_maps
 from envs.state import CurriculumState
 from terra_rl.adapters.train_env import ExcavationTrainEnv, held_out_maps, make_train_envs
 from terra_rl.algo import ppo
-from terra_rl.algo.update import AXIS, curriculum_metrics
+from terra_rl.algo.device_axis import AXIS
+from terra_rl.algo.metrics import curriculum_metrics
 from terra_rl.config import ConfigError, TrainConfig, resolve
 from terra_rl.validation import small
 

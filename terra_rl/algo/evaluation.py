@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from terra_rl.algo import run_keys
+from terra_rl.algo.device_axis import AXIS
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
-from terra_rl.algo.update import AXIS, policy_outputs, traced_at_most
+from terra_rl.algo.update import policy_outputs, traced_at_most
 from terra_rl.config import TrainConfig
 
 SAMPLED_PREFIX = "eval_sampled/"

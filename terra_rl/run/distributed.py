@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from terra_rl import env_vars
-from terra_rl.algo.update import AXIS
+from terra_rl.algo.device_axis import AXIS
 from terra_rl.config import ConfigError
 
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID",
