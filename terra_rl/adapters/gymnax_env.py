@@ -1,5 +1,5 @@
 """`GymnaxBatchEnv`: `num_envs` copies of a discrete-action gymnax environment behind the
-trainer's train-env interface (the same one the excavation env's wrapper provides).
+trainer's env contract (`terra_rl.adapters.contract.TrainEnv`, as the excavation adapter).
 
 Transitions use the environment's own `env.step` (vmapped), so env-specific `step`
 overrides are honoured; gymnax's `step` resets unconditionally and selects, which is cheap
@@ -12,7 +12,7 @@ for these small environments. Outputs are normalised for the trainer:
   `terminated | truncated` is exactly gymnax's reset condition. With `timeouts_terminal`
   (`--enable_gymnax_timeouts_terminal`, training env only) a timeout is reported as
   `terminated` and `truncated` is always false: the treatment of gymnax-blines and PureJaxRL.
-- obs and `info["final_observation"]` are float32; reward float32; flags bool.
+- the observation and `final_observation` are float32; reward float32; flags bool.
 - Weak types are stripped from the state, so reset and step give one pytree type (a scan
   carry or a jitted runner state never changes type and never recompiles).
 

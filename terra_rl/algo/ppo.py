@@ -25,7 +25,7 @@ class Transition:
     reward:       float32 [num_envs]
     terminated:   bool [num_envs] task done: no bootstrap
     truncated:    bool [num_envs] timeout: bootstrap from the final observation
-    final_obs:    the pre-reset observation (`info["final_observation"]`), whose value
+    final_obs:    the pre-reset observation (`StepResult.final_observation`), whose value
                   bootstraps a truncated step (`update.make_bootstrap_values_fn`)
     age:          int32 [num_envs] episode age of `obs` (steps already taken)
     progress:     float32 [num_envs] episode progress after the step
