@@ -99,11 +99,14 @@ class ExcavationEnv:
         """`reset_episode`'s state without its observation."""
         key_map, key_spawn, key_heading, key_fallback = jax.random.split(key, 4)
         if map_index is None:
-            map_index = self._sample_map_index(key_map, params, curriculum.level)
+            map_index = spawn.sample_map_index(
+                self.config, self._level_map_types, key_map, params, curriculum.level)
         map_index = jnp.asarray(map_index, jnp.int32)
         target_map = params.target_map[map_index]
         obstacles = params.obstacles[map_index]
-        pos, heading = self._spawn(
+        pos, heading = spawn.spawn_pose(
+            self.config,
+            self._extents,
             key_spawn,
             key_heading,
             key_fallback,
@@ -147,13 +150,6 @@ class ExcavationEnv:
         return spawn.initial_state(self.config, target_map, obstacles, dumpability, agent,
                                    action_map=action_map, age=age, map_index=map_index,
                                    curriculum=curriculum)
-
-    def _sample_map_index(self, key, params: EnvParams, level) -> jax.Array:
-        return spawn.sample_map_index(self.config, self._level_map_types, key, params, level)
-
-    def _spawn(self, key_spawn, key_heading, key_fallback, target_map, obstacles, spawn_pose):
-        return spawn.spawn_pose(self.config, self._extents, key_spawn, key_heading,
-                                key_fallback, target_map, obstacles, spawn_pose)
 
     # ------------------------------------------------------------------ step
 
