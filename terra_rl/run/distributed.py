@@ -132,14 +132,7 @@ def to_global(tree: Any, sharding: NamedSharding) -> Any:
     process) -> global arrays `[num_devices, ...]` sharing the same buffers."""
     if jax.process_count() == 1:
         return tree
-    num_devices = sharding.mesh.devices.size
-
-    def convert(leaf):
-        shape = (num_devices, *leaf.shape[1:])
-        shards = [shard.data for shard in leaf.addressable_shards]
-        return jax.make_array_from_single_device_arrays(shape, sharding, shards)
-
-    return jax.tree.map(convert, tree)
+    return _from_own_shards(tree, sharding)
 
 
 def to_local(tree: Any, sharding: NamedSharding) -> Any:
@@ -147,13 +140,18 @@ def to_local(tree: Any, sharding: NamedSharding) -> Any:
     `[num_local_devices, ...]` (what a pmap call takes), sharing the same buffers."""
     if jax.process_count() == 1:
         return tree
-    local = NamedSharding(sharding.mesh.local_mesh, sharding.spec)
-    num_local = local.mesh.devices.size
+    return _from_own_shards(tree, NamedSharding(sharding.mesh.local_mesh, sharding.spec))
+
+
+def _from_own_shards(tree: Any, sharding: NamedSharding) -> Any:
+    """Each leaf's addressable shards, unchanged, as an array laid out by `sharding`, its
+    leading axis one row per device of `sharding`'s mesh."""
+    rows = sharding.mesh.devices.size
 
     def convert(leaf):
-        shape = (num_local, *leaf.shape[1:])
         shards = [shard.data for shard in leaf.addressable_shards]
-        return jax.make_array_from_single_device_arrays(shape, local, shards)
+        return jax.make_array_from_single_device_arrays((rows, *leaf.shape[1:]), sharding,
+                                                       shards)
 
     return jax.tree.map(convert, tree)
 
