@@ -141,6 +141,11 @@ class TrainConfig:
     observation), as gymnax-blines and PureJaxRL do. Wrong in principle: without the time in
     the observation, states late in an episode look better than early ones. On
     MountainCar-v0 that error is what finds the flag (docs/RESULTS.md); off everywhere else."""
+    gymnax_scale_observations: bool = False
+    """Gymnax envs: map every observation dimension the env's observation space bounds to
+    [-1, 1] (unbounded ones pass unchanged), in training and eval alike. MountainCar-v0's
+    row of the standard-task table uses it (docs/RESULTS.md); an env whose space bounds
+    nothing is refused."""
     gymnax_hidden_dim: int = 64
     """Width of the gymnax networks' hidden layers: both layers of each MLP, the CNN's Dense
     (64 as in PureJaxRL; gymnax-blines' MinAtar MLPs are 256 wide)."""

@@ -95,6 +95,9 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
     if c.env == "excavation" and c.gymnax_timeouts_terminal:
         raise ConfigError("--enable_gymnax_timeouts_terminal needs --env gymnax:<id>; the "
                           "excavation env always bootstraps a timeout")
+    if c.env == "excavation" and c.gymnax_scale_observations:
+        raise ConfigError("--enable_gymnax_scale_observations needs --env gymnax:<id>; the "
+                          "flag scales a gymnax observation space to its bounds")
     if c.env == "excavation":
         _validate_excavation(c)
     elif c.use_action_mask:

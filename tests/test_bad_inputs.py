@@ -49,6 +49,9 @@ CASES: dict[str, tuple[str, list[str], str]] = {
                             "--gymnax_hidden_dim must be >= 1, got 0"),
     "timeouts terminal on excavation": (TRAIN, ["--enable_gymnax_timeouts_terminal"],
                                         "--enable_gymnax_timeouts_terminal needs --env gymnax"),
+    "scaled observations on excavation": (
+        TRAIN, ["--enable_gymnax_scale_observations"],
+        "--enable_gymnax_scale_observations needs --env gymnax"),
     "lr end above lr": (TRAIN, ["--lr", "1e-3", "--lr_end", "2e-3"], "--lr_end must be in"),
     "updates per dispatch": (TRAIN, ["--updates_per_dispatch", "-1"],
                              "--updates_per_dispatch must be >= 0, got -1"),

@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from terra_rl.adapters.contract import StepResult
-from terra_rl.adapters.gymnax_env import GymnaxBatchEnv, make_gymnax_env, parse_env_id
+from terra_rl.adapters.gymnax_env import (
+    GymnaxBatchEnv,
+    make_gymnax_env,
+    observation_scaling,
+    parse_env_id,
+)
 
 NUM_ENVS = 8
 INFO_KEYS = {"task_done", "episode_progress", "action_mask"}
@@ -115,6 +120,49 @@ def test_timeouts_terminal_reports_the_time_limit_as_terminated(cartpole, fresh)
     np.testing.assert_array_equal(obs, plain.observation)
     np.testing.assert_array_equal(reward, plain.reward)
     np.testing.assert_array_equal(final, plain.final_observation)
+
+
+def test_scaled_observations_are_the_plain_ones_mapped_to_the_bounds(cartpole, fresh):
+    # CartPole's position and angle are bounded (+-4.8, +-0.419 rad), its velocities not: the
+    # bounded two are divided by their half widths, the others pass unchanged, in the reset,
+    # the step and the pre-reset final observation alike.
+    scaled = make_gymnax_env("CartPole-v1", NUM_ENVS, scale_observations=True)
+    half_width = np.array([4.8, 1.0, 12 * 2 * np.pi / 360 * 2, 1.0], np.float32)
+    obs, state = scaled.reset(jax.random.key(0), scaled.params, staggered=False)
+    np.testing.assert_allclose(obs, np.asarray(fresh[0]) / half_width, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(obs)[:, [1, 3]], np.asarray(fresh[0])[:, [1, 3]])
+    falling = jnp.arange(NUM_ENVS) < 3
+    state = _forced(state, 10, falling)
+    actions, key = jnp.zeros(NUM_ENVS, jnp.int32), jax.random.key(2)
+    _, result = jax.jit(scaled.step)(key, state, actions, scaled.params)
+    _, plain = jax.jit(cartpole.step)(key, state, actions, cartpole.params)
+    for got, raw in ((result.observation, plain.observation),
+                     (result.final_observation, plain.final_observation)):
+        assert got.dtype == jnp.float32
+        np.testing.assert_allclose(got, np.asarray(raw) / half_width, rtol=1e-6)
+    np.testing.assert_array_equal(result.terminated, plain.terminated)
+    np.testing.assert_array_equal(result.reward, plain.reward)
+
+
+def test_observation_scaling_maps_low_to_minus_one_and_high_to_one():
+    from gymnax.environments import spaces
+
+    space = spaces.Box(np.array([-1.2, -0.07, 0.0, 1.0]), np.array([0.6, 0.07, np.inf, 1.0]),
+                       (4,), jnp.float32)
+    centre, half_width = observation_scaling(space, (4,))
+    assert centre.dtype == half_width.dtype == np.float32
+    low, high = np.array([-1.2, -0.07, 5.0, 1.0]), np.array([0.6, 0.07, 5.0, 1.0])
+    # The unbounded third dimension and the degenerate fourth (low == high) pass unchanged.
+    np.testing.assert_allclose((low - centre) / half_width, [-1, -1, 5, 1], rtol=1e-6)
+    np.testing.assert_allclose((high - centre) / half_width, [1, 1, 5, 1], rtol=1e-6)
+    with pytest.raises(ValueError, match="bounds no dimension"):
+        observation_scaling(spaces.Discrete(16), (1,))
+
+
+def test_scaling_an_env_without_bounds_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="cannot scale FrozenLake-misc") as error:
+        make_gymnax_env("FrozenLake-misc", NUM_ENVS, scale_observations=True)
+    assert "\n" not in str(error.value) and "drop the flag" in str(error.value)
 
 
 def test_pole_falling_step_is_terminated(cartpole, fresh, step_fn):

@@ -43,8 +43,16 @@ def test_every_task_resolves_to_a_valid_config_at_its_budget(name, tmp_path):
         assert config.gymnax_activation == "relu" and config.gymnax_hidden_dim == 64
     else:
         assert config.gymnax_activation == "tanh"
-    # Only MountainCar trains on its timeouts as terminal (gymnax-blines' treatment).
-    assert config.gymnax_timeouts_terminal == (name == "MountainCar-v0")
+    # Every row bootstraps its timeouts (the trainer's rule); only MountainCar sees its
+    # observations scaled to their bounds, in training and eval alike.
+    assert not config.gymnax_timeouts_terminal
+    assert config.gymnax_scale_observations == (name == "MountainCar-v0")
+    if name == "MountainCar-v0":
+        from terra_rl.adapters.train_env import make_train_envs
+
+        train_env, eval_env = make_train_envs(config)
+        assert train_env.scale_observations and eval_env.scale_observations
+        assert not train_env.timeouts_terminal
     assert config.wandb_mode == "disabled" and config.precision == "float32"
 
 
@@ -76,5 +84,11 @@ def test_run_record_takes_the_last_eval_and_summary_spans_seeds():
                         "| 2,000 | 1.5 min |")
     one = markdown_table([summarize("Breakout-MinAtar", runs[:1])]).splitlines()[2]
     assert "9.0 (9.0 to 9.0, 1 seed) |" in one
+    # The rate is the median over the run's train logs, not the last log's.
+    varied = _records([1.0, 2.0, 3.0], 0.0)
+    for record, rate in zip([r for r in varied if "performance/steps_per_second" in r],
+                            (500.0, 4000.0, 1000.0), strict=True):
+        record["performance/steps_per_second"] = rate
+    assert run_record(varied, 1.0)["steps_per_second"] == 1000.0
     with pytest.raises(ValueError, match="no eval"):
         run_record([r for r in _records([1.0], 1.0) if "eval/first_episode_return" not in r], 1)

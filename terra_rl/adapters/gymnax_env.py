@@ -13,6 +13,11 @@ for these small environments. Outputs are normalised for the trainer:
   (`--enable_gymnax_timeouts_terminal`, training env only) a timeout is reported as
   `terminated` and `truncated` is always false: the treatment of gymnax-blines and PureJaxRL.
 - the observation and `final_observation` are float32; reward float32; flags bool.
+  With `scale_observations` (`--enable_gymnax_scale_observations`, train and eval envs
+  alike) every dimension the environment's observation space bounds, `low < high` both
+  finite, is mapped linearly from `[low, high]` to `[-1, 1]`; unbounded dimensions (CartPole's
+  velocities) pass unchanged. MountainCar's velocity spans +-0.07 and its position 1.8, so
+  unscaled the policy barely sees the velocity (docs/RESULTS.md).
 - Weak types are stripped from the state, so reset and step give one pytree type (a scan
   carry or a jitted runner state never changes type and never recompiles).
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from terra_rl.adapters.contract import StepResult, checked_step_result, observation_spec_of
 from terra_rl.adapters.deferred_imports import deferring
@@ -67,10 +73,11 @@ def parse_env_id(spec: str) -> str | None:
     )
 
 
-def make_gymnax_env(env_id: str, num_envs: int,
-                    timeouts_terminal: bool = False) -> GymnaxBatchEnv:
-    """Batched gymnax env; ValueError for an unknown id or a continuous action space."""
-    return GymnaxBatchEnv(env_id, num_envs, timeouts_terminal)
+def make_gymnax_env(env_id: str, num_envs: int, timeouts_terminal: bool = False,
+                    scale_observations: bool = False) -> GymnaxBatchEnv:
+    """Batched gymnax env; ValueError for an unknown id, a continuous action space, or
+    `scale_observations` on an env whose observation space bounds no dimension."""
+    return GymnaxBatchEnv(env_id, num_envs, timeouts_terminal, scale_observations)
 
 
 def _strong(tree):
@@ -78,8 +85,21 @@ def _strong(tree):
     return jax.tree.map(lambda x: jnp.asarray(x).astype(jnp.asarray(x).dtype), tree)
 
 
-def _float32(tree):
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+def observation_scaling(space, obs_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(centre, half width), float32 `obs_shape` each, that map every dimension `space`
+    bounds (`low < high`, both finite and under 1e30 apart) to `[-1, 1]` by
+    `(obs - centre) / half_width`; other dimensions get (0, 1) and pass unchanged. Raises
+    ValueError when no dimension is bounded."""
+    low = np.asarray(getattr(space, "low", np.nan), np.float64)
+    high = np.asarray(getattr(space, "high", np.nan), np.float64)
+    low, high = np.broadcast_to(low, obs_shape), np.broadcast_to(high, obs_shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bounded = np.isfinite(low) & np.isfinite(high) & (high > low) & (high - low < 1e30)
+    if not bounded.any():
+        raise ValueError(f"its {type(space).__name__} observation space bounds no dimension")
+    centre = np.where(bounded, (high + low) / 2, 0.0)
+    half_width = np.where(bounded, (high - low) / 2, 1.0)
+    return centre.astype(np.float32), half_width.astype(np.float32)
 
 
 class GymnaxBatchEnv:
@@ -93,7 +113,8 @@ class GymnaxBatchEnv:
     group_names: tuple[str, ...] = ()
     curriculum_level_names: tuple[str, ...] = ()
 
-    def __init__(self, env_id: str, num_envs: int, timeouts_terminal: bool = False):
+    def __init__(self, env_id: str, num_envs: int, timeouts_terminal: bool = False,
+                 scale_observations: bool = False):
         if env_id not in gymnax.registered_envs:
             raise ValueError(
                 f"unknown gymnax env id {env_id!r}; valid ids are listed in "
@@ -119,6 +140,21 @@ class GymnaxBatchEnv:
         self.can_stagger = env_id in STAGGER_SAFE_ENV_IDS
         obs_struct, _ = jax.eval_shape(lambda: env.reset(jax.random.key(0), params))
         self.obs_shape = tuple(obs_struct.shape)
+        self.scale_observations = scale_observations
+        if scale_observations:
+            try:
+                self._obs_centre, self._obs_half_width = observation_scaling(
+                    env.observation_space(params), self.obs_shape)
+            except ValueError as error:
+                raise ValueError(f"--enable_gymnax_scale_observations cannot scale {env_id}: "
+                                 f"{error}; drop the flag") from None
+
+    def _observation(self, obs) -> jax.Array:
+        """float32 [num_envs, *obs_shape], scaled to the space's bounds when asked."""
+        obs = jnp.asarray(obs, jnp.float32)
+        if self.scale_observations:
+            obs = (obs - self._obs_centre) / self._obs_half_width
+        return obs
 
     def reset(self, key: jax.Array, params, staggered: bool = True, first_maps=None):
         """Fresh episodes for every env -> (obs float32 [num_envs, *obs_shape], state).
@@ -133,7 +169,7 @@ class GymnaxBatchEnv:
         if staggered and self.can_stagger:
             ages = jax.random.randint(key_age, (self.num_envs,), 0, params.max_steps_in_episode)
             state = state.replace(time=ages.astype(jnp.asarray(state.time).dtype))
-        return _float32(obs), _strong(state)
+        return self._observation(obs), _strong(state)
 
     def observation_spec(self):
         return observation_spec_of(self)
@@ -153,15 +189,15 @@ class GymnaxBatchEnv:
         truncated = jnp.asarray(truncated, jnp.bool_) & ~terminated
         if self.timeouts_terminal:
             terminated, truncated = terminated | truncated, jnp.zeros_like(truncated)
-        final_observation = _float32(info["final_observation"])
+        final_observation = self._observation(info["final_observation"])
         info = {
             "task_done": jnp.zeros((self.num_envs,), jnp.bool_),
             "episode_progress": jnp.zeros((self.num_envs,), jnp.float32),
             "action_mask": jnp.ones((self.num_envs, self.num_actions), jnp.bool_),
         }
         reward = jnp.asarray(reward, jnp.float32)
-        result = StepResult(_float32(obs), reward, terminated, truncated, final_observation,
-                            info)
+        result = StepResult(self._observation(obs), reward, terminated, truncated,
+                            final_observation, info)
         return _strong(state), checked_step_result(result, self.num_envs, self.num_actions)
 
     def episode_age(self, state) -> jax.Array:

@@ -129,9 +129,11 @@ def make_train_envs(config: TrainConfig):
         from terra_rl.adapters.gymnax_env import make_gymnax_env, parse_env_id
 
         env_id = parse_env_id(config.env)
+        scale = config.gymnax_scale_observations
         return (
-            make_gymnax_env(env_id, config.num_envs_per_device, config.gymnax_timeouts_terminal),
-            make_gymnax_env(env_id, config.eval_envs_per_device),
+            make_gymnax_env(env_id, config.num_envs_per_device, config.gymnax_timeouts_terminal,
+                            scale),
+            make_gymnax_env(env_id, config.eval_envs_per_device, scale_observations=scale),
         )
     env = ExcavationEnv(excavation_env_config(config))
     params = make_env_params(
