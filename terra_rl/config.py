@@ -139,8 +139,9 @@ class TrainConfig:
     gymnax_timeouts_terminal: bool = False
     """Gymnax envs: train on a timeout as on a natural end (no bootstrap from the final
     observation), as gymnax-blines and PureJaxRL do. Wrong in principle: without the time in
-    the observation, states late in an episode look better than early ones. On
-    MountainCar-v0 that error is what finds the flag (docs/RESULTS.md); off everywhere else."""
+    the observation, states late in an episode look better than early ones. At gymnax-blines'
+    MountainCar-v0 settings that error is what finds the flag; with its observations scaled
+    the table's row finds it without (docs/RESULTS.md), and no row uses this."""
     gymnax_scale_observations: bool = False
     """Gymnax envs: map every observation dimension the env's observation space bounds to
     [-1, 1] (unbounded ones pass unchanged), in training and eval alike. MountainCar-v0's
