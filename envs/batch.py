@@ -90,7 +90,9 @@ class BatchEnv:
         reward float32 [num_envs]; terminated/truncated bool [num_envs]; obs is the first
         observation of the new episode where an env finished, and
         `info["final_observation"]` is the pre-reset observation of every env, with an
-        all-True action mask where the episode finished (no action follows it);
+        all-True action mask where the episode finished (no action follows it) and, with
+        `remember_refused_digs`, the refusals of that state's own mask, as a training
+        observation of it would carry (`ExcavationEnv.final_refusals`);
         `info["action_mask"]` is that observation's mask.
         """
         return self._step(key, state, actions, params, reset_always=False)
@@ -117,13 +119,19 @@ class BatchEnv:
         reset_keys = lambda: jax.random.split(key_reset, self.num_envs)  # noqa: E731
         reset_states = jax.vmap(self.env.reset_state, in_axes=(0, None, 0, 0))
 
-        def reset_all(next_state):
+        remembers = self.env.config.remember_refused_digs
+        final_refusals = jax.vmap(self.env.final_refusals)
+
+        def reset_all(carry):
+            next_state, refused = carry
             reset_state = reset_states(
                 reset_keys(), params, next_state.agent.agent_type, next_state.curriculum
             )
-            return select_where(done, reset_state, next_state)
+            if remembers:
+                refused = jnp.where(done[:, None, None], final_refusals(next_state), refused)
+            return select_where(done, reset_state, next_state), refused
 
-        def reset_chunks(next_state):
+        def reset_chunks(carry):
             # The done envs, `max_partial_resets` at a time (gathered, reset, scattered back):
             # one copy of the reset in the program, however many finished.
             chunk = self.max_partial_resets
@@ -132,29 +140,34 @@ class BatchEnv:
             keys = reset_keys()
 
             def reset_one_chunk(carry):
-                start, next_state = carry
+                start, next_state, refused = carry
                 part = jax.lax.dynamic_slice(index, (start,), (chunk,))
                 gather = jnp.minimum(part, self.num_envs - 1)
+                finished = jax.tree.map(lambda x: x[gather], next_state)  # not yet reset
                 reset_state = reset_states(
-                    keys[gather],
-                    params,
-                    next_state.agent.agent_type[gather],
-                    jax.tree.map(lambda x: x[gather], next_state.curriculum),
+                    keys[gather], params, finished.agent.agent_type, finished.curriculum
                 )
                 scatter = lambda full, new: full.at[part].set(new, mode="drop")  # noqa: E731
-                return start + chunk, jax.tree.map(scatter, next_state, reset_state)
+                if remembers:
+                    refused = scatter(refused, final_refusals(finished))
+                return start + chunk, jax.tree.map(scatter, next_state, reset_state), refused
 
             count = jnp.sum(done)
-            _, next_state = jax.lax.while_loop(
-                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), next_state))
-            return next_state
+            _, next_state, refused = jax.lax.while_loop(
+                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), *carry))
+            return next_state, refused
 
+        carry = (next_state, next_state.refused_digs)
         if reset_always:
-            new_state = reset_all(next_state)
+            new_state, refused = reset_all(carry)
         else:
-            new_state = jax.lax.cond(jnp.any(done), reset_chunks, lambda x: x, next_state)
+            new_state, refused = jax.lax.cond(jnp.any(done), reset_chunks, lambda x: x, carry)
         new_obs = jax.vmap(self.env.observation)(new_state)
         new_state = jax.vmap(self.env.remember_refusals)(new_state, new_obs)
+        if remembers:
+            # A finished episode's last observation carries the refusals a training
+            # observation of that state would (its mask stays all True: no action follows).
+            pre_obs = dict(pre_obs, refused_digs=refused)
         # Where the episode goes on, the pre-reset observation is the new one, mask included.
         final_obs = select_where(done, pre_obs, new_obs)
         info = dict(info, final_observation=final_obs, action_mask=final_obs["action_mask"])

@@ -16,11 +16,12 @@ VALID_MAP_SIZES = (16, 32, 64)
 class RewardConfig:
     """Every reward weight of the environment (`envs.rewards`). Costs are numbers <= 0.
 
-    Dense by default: `progress_weight` times the change of the task potential
-    Phi = (dig tiles done - misplaced soil) / dig tiles total, which sums over an episode to at
-    most `progress_weight`; one `step` cost paid by every action, DO_NOTHING included; extra
-    costs for wasted actions; `terminal_success` on the step that completes the task.
-    `RewardConfig.sparse()` keeps only the step cost and the terminal bonus.
+    Dense by default: `progress_weight` times the discounted change of the task potential
+    Phi = (dig tiles done - misplaced soil) / dig tiles total, `discount * Phi(s') - Phi(s)`,
+    whose discounted sum over an episode is at most `progress_weight`; one `step` cost paid by
+    every action, DO_NOTHING included; extra costs for wasted actions; `terminal_success` on
+    the step that completes the task. `RewardConfig.sparse()` keeps only the step cost and the
+    terminal bonus.
     """
 
     step: float = -0.002
@@ -35,8 +36,16 @@ class RewardConfig:
     """Scale of the potential-based progress term (the most an episode's progress can pay)."""
     terminal_success: float = 1.0
     """Paid on the step that completes the task; never on a timeout."""
+    discount: float = 1.0
+    """The discount the progress shaping is paid under: `discount * Phi(s') - Phi(s)`. The
+    trainer sets it to the run's gamma (`TrainConfig.discounted_shaping`), the one form of
+    potential-based shaping that leaves the optimal policy unchanged at that gamma: under a
+    lower discount than the shaping's, a pick-up then dump of the same soil pays its gain
+    first and its loss later, and a loop of them earns more than idling (`envs.rewards`)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.discount <= 1.0:
+            raise ValueError(f"discount must be in (0, 1], got {self.discount}")
         costs = ("step", "collision", "move_while_loaded", "do_no_effect")
         positive = [name for name in costs if getattr(self, name) > 0]
         if positive:
@@ -47,8 +56,9 @@ class RewardConfig:
             raise ValueError("progress_weight and terminal_success must be >= 0")
 
     @classmethod
-    def sparse(cls) -> RewardConfig:
-        return cls(collision=0.0, move_while_loaded=0.0, do_no_effect=0.0, progress_weight=0.0)
+    def sparse(cls, discount: float = 1.0) -> RewardConfig:
+        return cls(collision=0.0, move_while_loaded=0.0, do_no_effect=0.0, progress_weight=0.0,
+                   discount=discount)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -342,6 +342,12 @@ class ExcavationEnv:
             return state
         return state.replace(refused_digs=obs["refused_digs"])
 
+    def final_refusals(self, state: EnvState) -> jax.Array:
+        """bool [N, N]: the `refused_digs` of `state`'s own observation, mask computed: what
+        a training observation of this state carries, for an episode's last observation,
+        which is taken without its mask."""
+        return self.observation(state)["refused_digs"]
+
     def _window_layers(self, state: EnvState):
         """(window, target, action, obstacles, dumpability cropped to it [W, W])."""
         window = geo.make_window(state.agent.pos, self.config.map_size, self.config.window_radius)

@@ -5,16 +5,24 @@ Progress is potential-based. The task potential of a state is
     Phi(s) = (dig_tiles_done - misplaced_soil) / max(dig_tiles_total, 1)
 
 in [0, 1] on every reachable state (soil comes only from digging, so misplaced <= dug), and a
-step pays `progress_weight * (Phi(s') - Phi(s))`. The sum over an episode telescopes to
-`progress_weight * (Phi(final) - Phi(initial))`, so a sequence of actions that brings the task
-back to an earlier state earns nothing from it: picking up and dumping the same soil nets 0,
-dumping soil outside the dump zones costs what digging it paid, picking it back up pays it back.
-The term is undiscounted: the environment does not know the trainer's discount.
+step pays `progress_weight * (gamma * Phi(s') - Phi(s))` with `gamma` the reward's `discount`,
+which the trainer sets to the run's discount (Ng, Harada and Russell's potential-based
+shaping, the form that keeps the optimal policy). The discounted sum over an episode of T
+steps telescopes to `progress_weight * (gamma**T * Phi(s_T) - Phi(s_0))`, so a sequence of
+actions that brings the task back to an earlier potential earns, in discounted return, what
+idling over the same steps earns, less its extra costs: picking up and dumping the same soil
+gains nothing at any gamma.
+
+Shaping that pays `Phi(s') - Phi(s)` under a trainer's gamma < 1 could be farmed: a pick-up of
+misplaced soil paid +a, the dump outside a zone one step or more later cost a discounted by
+gamma, so an endless cycle of them was worth about a / (1 + gamma) more than idling.
+`discount` 1.0 (the env's default, and runs saved before the change) pays that older form.
 
 Every action, DO_NOTHING included, pays the same `step` cost; wasted actions (a rejected move,
 a base action while loaded, a DO that changes nothing) pay an extra cost on top, never a gain.
-So no loop of actions earns more than idling, and any progress earns more than idling. The
-terminal bonus is paid on the step that completes the task, never on a timeout.
+So no loop of actions earns more discounted return than idling, and any progress earns more
+than idling. The terminal bonus is paid on the step that completes the task, never on a
+timeout.
 """
 
 from __future__ import annotations
@@ -55,13 +63,17 @@ def step_reward_terms(
     blocked tile, `moved_while_loaded` a move or base turn was tried with a loaded bucket,
     `do_no_effect` a DO changed nothing, `task_done` the step completed the task.
 
-    The progress term is computed from the integer change of the potential's numerator, so a
-    step and the step that undoes it pay exactly opposite amounts.
+    With `config.discount` 1 the progress term is computed from the integer change of the
+    potential's numerator, so a step and the step that undoes it pay exactly opposite amounts;
+    below 1 it is `progress_weight * (discount * Phi(s') - Phi(s))`.
     """
-    progress_units = (next_dig_tiles_done - next_misplaced_soil) - (
-        dig_tiles_done - misplaced_soil
-    )
+    numerator = dig_tiles_done - misplaced_soil
+    next_numerator = next_dig_tiles_done - next_misplaced_soil
     total = jnp.maximum(dig_tiles_total, 1)
+    if config.discount == 1.0:  # the integer form, bit for bit that of runs before discounting
+        progress_units = next_numerator - numerator
+    else:
+        progress_units = config.discount * next_numerator - numerator
     terms = {
         "step": jnp.asarray(config.step),
         "collision": jnp.where(collided, config.collision, 0.0),

@@ -1,63 +1,129 @@
 #!/usr/bin/env bash
-# The GPU checks of one lent GPU session, in one command (docs/PERFORMANCE.md, GPU figures):
-# the runtime preflight, the component profile of solo_excavator with a trace and its top ops,
-# a benchmark at 4x the envs (does the speed scale with the batch, i.e. is the update
-# latency-bound?), then solo_excavator training until the time budget ends (SIGTERM: it
-# checkpoints and exits cleanly). Everything lands in OUT_DIR.
+# The GPU figures, one mode a call, each within one device call (docs/PERFORMANCE.md, "GPU
+# figures"; docs/RESULTS.md for the presets). Everything lands in OUT_DIR.
 #
-#     OUT_DIR=out TERRA_VENV=/opt/torch/.venv bash scripts/gpu_checks.sh [BUDGET_S]
+#   OUT_DIR=out bash scripts/gpu_checks.sh train PRESET SEED [FLAGS...]   (<= 9 minutes)
+#       From a cold compilation cache: train PRESET (solo_excavator, trench_excavator,
+#       mixed_excavators) with --seed SEED on one GPU, then evaluate the final policy greedily
+#       on >= 256 held-out episodes per (map type, excavator) group (scripts/evaluate.py).
+#       Writes summary.json (completion per group with 95% intervals, the curve, env
+#       steps/s, compile and first-update seconds), curves.png, final_eval.json, the metrics
+#       and the log. FLAGS go to train_mixed.py (e.g. --precision float32 for an A/B).
+#   OUT_DIR=out bash scripts/gpu_checks.sh speed [PRESET]                 (<= 5 minutes)
+#       The preset's own shape (default solo_excavator), cold cache: seconds to the first
+#       update and to the eval's compile, and steady env steps/s (scripts/benchmark_train.py).
+#   OUT_DIR=out bash scripts/gpu_checks.sh profile                        (<= 9 minutes)
+#       The runtime preflight, the component profile of solo_excavator with a trace of 3
+#       updates and its top ops, and a benchmark at 4x the envs per device.
 #
-# Inputs: BUDGET_S (default 520) is the wall time all steps share. TERRA_VENV as in
-# scripts/euler/env.sh. PLATFORM=cpu and SHAPE="--num_envs_per_device 16 --map_size 16
-# --precision float32" try the script on a CPU at a small shape.
+# Inputs: TERRA_VENV as in scripts/euler/env.sh; without one and without .venv, a virtualenv
+# over the machine's own Python packages (--system-site-packages: jax, flax, optax, orbax
+# preinstalled, no internet) is made under a temporary folder. BUDGET_S overrides the mode's
+# wall-time budget. PLATFORM=cpu and SHAPE="--num_envs_per_device 8 --eval_episodes 8"
+# try the script on a CPU at a small shape.
 set -uo pipefail
-budget=${1:-520}
+mode=${1:?usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | profile}
+shift
 out=${OUT_DIR:?set OUT_DIR to the folder for the reports}
 platform=${PLATFORM:-gpu}
 read -r -a shape <<<"${SHAPE:-}"
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+work=$(mktemp -d)
+if [[ -z ${TERRA_VENV:-} && ! -x .venv/bin/python ]]; then
+    python3 -m venv --without-pip --system-site-packages "$work/venv" || exit 1
+    export TERRA_VENV=$work/venv
+fi
+export TERRA_COMPILATION_CACHE_DIR=$work/xla-cache  # cold: nothing compiled before
 # shellcheck source=scripts/euler/env.sh
 source scripts/euler/env.sh || exit 1
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+[[ $platform == cpu ]] && export JAX_PLATFORMS=cpu
 py=$TERRA_PYTHON
-work=$(mktemp -d)
 start=$SECONDS
 left() { echo $((budget - (SECONDS - start))); }
 step() { echo; echo "=== $1 (t=$((SECONDS - start)) s, $(left) s left)"; }
+environment() {
+    step "environment"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
+    "$py" -c "import sys, jax, flax, optax; print('python', sys.version.split()[0], 'jax', \
+jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+}
+cache=(--compilation_cache_dir "$TERRA_COMPILATION_CACHE_DIR")
 
-step "environment"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
-"$py" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, \
-'optax', optax.__version__, jax.devices())"
-
-step "preflight"
-smoke=(--train-smoke --expect-gpu-regex 'H100|H200')
-[[ $platform == cpu ]] && smoke=()
-timeout 150 "$py" scripts/euler/check_jax_runtime.py --platform "$platform" --min-devices 1 \
-    ${smoke[@]+"${smoke[@]}"} --json "$out/preflight.json"
-
-step "component profile of solo_excavator, with a trace of 3 updates"
-timeout 240 "$py" scripts/profile_rollout_components.py --config solo_excavator \
-    --num_devices 1 ${shape[@]+"${shape[@]}"} --repeats 5 --json "$out/profile.json" \
-    --trace "$work/trace"
-"$py" scripts/trace_top_ops.py "$work/trace" --top 25 --json "$out/top_ops.json"
-gzip -c "$work/trace/update.hlo.txt" >"$out/update.hlo.txt.gz"
-
-step "solo_excavator at 4x the envs per device"
-sets=(--set num_envs_per_device=4096)
-[[ $platform == cpu ]] && sets=(--set num_envs_per_device=16 --set map_size=16 --set precision=float32)
-timeout 150 "$py" scripts/benchmark_train.py --config solo_excavator --set num_devices=1 \
-    "${sets[@]}" --updates 10 --json "$out/benchmark_4x.json"
-
-step "solo_excavator training until the budget ends"
-train_s=$(($(left) - 15))
-if ((train_s > 60)); then
-    timeout -s TERM "$train_s" "$py" train_mixed.py --config solo_excavator --num_devices 1 \
-        ${shape[@]+"${shape[@]}"} --wandb_mode disabled --runs_dir "$work/runs" \
-        --run_name solo_gpu 2>&1 | grep -v "^W0000\|^I0000" | tail -60
-    cp "$work/runs/solo_gpu/metrics.jsonl" "$out/solo_metrics.jsonl"
-else
-    echo "skipped: ${train_s} s left"
-fi
+case $mode in
+train)
+    budget=${BUDGET_S:-530}
+    preset=${1:?usage: gpu_checks.sh train PRESET SEED [FLAGS...]}
+    seed=${2:?usage: gpu_checks.sh train PRESET SEED [FLAGS...]}
+    shift 2
+    run=$work/runs/$preset-s$seed
+    environment | tee "$out/environment.txt"
+    step "train $preset, seed $seed, from a cold cache"
+    # The final evaluation needs about a minute (its program is the run's eval, cached).
+    train_s=$(($(left) - 75))
+    timeout -s TERM "$train_s" "$py" train_mixed.py --config "$preset" --seed "$seed" \
+        --num_devices 1 --runs_dir "$work/runs" --run_name "$(basename "$run")" \
+        "${cache[@]}" ${shape[@]+"${shape[@]}"} "$@" 2>&1 \
+        | grep --line-buffered -v "^W0000\|^I0000" | tee "$out/train.log" | tail -40
+    cp "$run/metrics.jsonl" "$run/config.json" "$out/" 2>/dev/null
+    step "the final policy on the held-out maps"
+    episodes=()
+    [[ -n ${SHAPE:-} ]] || episodes=(--episodes "$("$py" -c "
+import json; c = json.load(open('$run/config.json'))
+groups = len(c['map_types']) * (2 if 0 < c['wheeled_fraction'] < 1 else 1)
+print(max(c['eval_episodes'], 256 * groups))")")
+    timeout $(($(left) - 10)) "$py" scripts/evaluate.py "$run" --checkpoint latest \
+        ${episodes[@]+"${episodes[@]}"} --json "$out/final_eval.json" 2>&1 \
+        | grep -v "^W0000\|^I0000"
+    "$py" -m terra_rl.analysis.run_summary "$run" --log "$out/train.log" \
+        --eval "$out/final_eval.json" --out "$out"
+    ;;
+speed)
+    budget=${BUDGET_S:-290}
+    preset=${1:-solo_excavator}
+    environment | tee "$out/environment.txt"
+    step "$preset: 3 updates and an eval from a cold cache"
+    timeout 150 "$py" train_mixed.py --config "$preset" --num_devices 1 --max_updates 3 \
+        --log_eval_interval 3 --runs_dir "$work/runs" --run_name speed "${cache[@]}" \
+        ${shape[@]+"${shape[@]}"} 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/speed_start.log"
+    step "$preset: steady env steps/s"
+    sets=(--set num_devices=1)
+    [[ $platform == cpu ]] && sets+=(--set num_envs_per_device=8 --set eval_episodes=8)
+    timeout $(($(left) - 5)) "$py" scripts/benchmark_train.py --config "$preset" "${sets[@]}" \
+        --updates 20 --json "$out/speed_benchmark.json"
+    "$py" -c "
+import json
+from terra_rl.analysis.run_summary import parse_log
+figures = parse_log(open('$out/speed_start.log').read())
+figures.update(json.load(open('$out/speed_benchmark.json')))
+json.dump(figures, open('$out/speed.json', 'w'), indent=2)
+print(json.dumps({k: v for k, v in figures.items() if not isinstance(v, (dict, list))}))"
+    ;;
+profile)
+    budget=${BUDGET_S:-520}
+    environment | tee "$out/environment.txt"
+    step "preflight"
+    smoke=(--train-smoke --expect-gpu-regex 'H100|H200')
+    [[ $platform == cpu ]] && smoke=()
+    timeout 150 "$py" scripts/euler/check_jax_runtime.py --platform "$platform" \
+        --min-devices 1 ${smoke[@]+"${smoke[@]}"} --json "$out/preflight.json"
+    step "component profile of solo_excavator, with a trace of 3 updates"
+    timeout 240 "$py" scripts/profile_rollout_components.py --config solo_excavator \
+        --num_devices 1 ${shape[@]+"${shape[@]}"} --repeats 5 --json "$out/profile.json" \
+        --trace "$work/trace"
+    "$py" scripts/trace_top_ops.py "$work/trace" --top 25 --json "$out/top_ops.json"
+    gzip -c "$work/trace/update.hlo.txt" >"$out/update.hlo.txt.gz"
+    step "solo_excavator at 4x the envs per device"
+    sets=(--set num_envs_per_device=4096)
+    [[ $platform == cpu ]] && sets=(--set num_envs_per_device=16 --set map_size=16)
+    timeout $(($(left) - 5)) "$py" scripts/benchmark_train.py --config solo_excavator \
+        --set num_devices=1 "${sets[@]}" --updates 10 --json "$out/benchmark_4x.json"
+    ;;
+*)
+    echo "gpu_checks.sh: error: unknown mode '$mode'; use train, speed or profile" >&2
+    exit 2
+    ;;
+esac
 step "done"

@@ -5,10 +5,18 @@ inside `--max-steps`, and how many steps a task needs (to set the episode horizo
         --seed 0 --agent both --max-steps 1000 --json out.json
 
 `--count` maps of each type are generated (types round robin, as in training pools); map i is
-solved from the env's reset with key fold_in(PRNGKey(seed), i). Prints, per map type and agent
-type, the solved share, steps to completion (median, p90, max), the solver's mean episode
-return and the run time, then every unsolved map with the reason (one progress line per map
-goes to stderr). Bad input: one line, exit 2.
+solved from the env's reset with key fold_in(PRNGKey(seed), i).
+
+    python scripts/solve_maps.py --eval-pool mixed_excavators --count 64 --max-steps 1500
+
+With `--eval-pool PRESET` the maps are that preset's held-out eval pool instead (its
+`eval_map_seed`, held out from its training pool), each solved from the spawn the preset's
+one-device eval draws for it, by that env's agent type: `--count` maps per (map type, agent
+type) group; `--map-size`, `--map-types`, `--seed` and `--agent` are the preset's.
+
+Prints, per map type and agent type, the solved share, steps to completion (median, p90,
+max), the solver's mean episode return and the run time, then every unsolved map with the
+reason (one progress line per map goes to stderr). Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,7 +49,14 @@ def parse_args(argv):
     parser.add_argument("--agent", choices=sorted(AGENTS), default="both")
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None, help="write per-map results here")
+    parser.add_argument("--eval-pool", default="", metavar="PRESET",
+                        help="solve PRESET's held-out eval maps from the eval's own spawns")
     args = parser.parse_args(argv)
+    if args.eval_pool:
+        from terra_rl.config import PRESETS
+
+        if args.eval_pool not in PRESETS:
+            parser.error(f"--eval-pool {args.eval_pool}: choose a preset of {sorted(PRESETS)}")
     from envs.maps import MAP_TYPES, VALID_MAP_SIZES
 
     args.map_types = tuple(name.strip() for name in args.map_types.split(",") if name.strip())
@@ -55,6 +72,31 @@ def parse_args(argv):
     return args
 
 
+class EvalPool:
+    """The preset's eval env (max_steps `--max-steps`), its pool, and the (agent type, map
+    index, reset key) of the first `--count` envs of each (map type, agent type) group."""
+
+    def __init__(self, args):
+        import dataclasses
+
+        from envs import ExcavationEnv
+        from terra_rl.analysis.eval_spawns import eval_episodes
+        from terra_rl.config import get_preset
+
+        preset = get_preset(args.eval_pool)
+        pool = eval_episodes(preset)
+        self.env = ExcavationEnv(dataclasses.replace(pool.env.batch_env.env.config,
+                                                     max_steps=args.max_steps))
+        self.params = pool.env.params
+        args.seed = preset.seed
+        self.episodes = []
+        for agent_type in sorted(set(pool.agent_types.tolist())):
+            for map_type in sorted(set(pool.map_types.tolist())):
+                group = (pool.agent_types == agent_type) & (pool.map_types == map_type)
+                for index in np.flatnonzero(group)[: args.count]:
+                    self.episodes.append((int(agent_type), int(index), pool.keys[index]))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import jax
@@ -62,41 +104,47 @@ def main(argv=None) -> int:
     from envs import EnvConfig, ExcavationEnv, params_from_maps, solver
     from envs.maps import MAP_TYPES, generate_maps
 
-    config = EnvConfig(map_size=args.map_size, max_steps=args.max_steps)
-    env = ExcavationEnv(config)
-    num_maps = args.count * len(args.map_types)
-    maps = generate_maps(args.map_types, args.map_size, num_maps, args.seed, config.spawn_clearance)
-    params = params_from_maps(maps)
+    if args.eval_pool:
+        pool = EvalPool(args)
+        env, params, episodes = pool.env, pool.params, pool.episodes
+        args.map_size = env.config.map_size
+    else:
+        config = EnvConfig(map_size=args.map_size, max_steps=args.max_steps)
+        env = ExcavationEnv(config)
+        num_maps = args.count * len(args.map_types)
+        maps = generate_maps(args.map_types, args.map_size, num_maps, args.seed,
+                             config.spawn_clearance)
+        params = params_from_maps(maps)
+        episodes = [(agent_type, index, jax.random.fold_in(jax.random.PRNGKey(args.seed), index))
+                    for agent_type in AGENTS[args.agent] for index in range(num_maps)]
     map_types = [MAP_TYPES[int(t)] for t in jax.device_get(params.map_type)]
     records = []
-    for agent_type in AGENTS[args.agent]:
-        for index in range(num_maps):
-            key = jax.random.fold_in(jax.random.PRNGKey(args.seed), index)
-            started = time.perf_counter()
-            result = solver.solve(env, params, index, agent_type, key, args.max_steps)
-            records.append(
-                {
-                    "map_index": index,
-                    "map_type": map_types[index],
-                    "agent": AGENT_NAMES[agent_type],
-                    "map_size": args.map_size,
-                    "seed": args.seed,
-                    "completed": result.completed,
-                    "steps": result.steps,
-                    "episode_return": result.episode_return,
-                    "progress": result.progress,
-                    "reason": result.reason,
-                    "seconds": time.perf_counter() - started,
-                }
-            )
-            r = records[-1]
-            print(  # progress on stderr, the table on stdout
-                f"{r['map_type']} {r['agent']} map {index}: "
-                f"{'solved' if r['completed'] else 'UNSOLVED'} in {r['steps']} steps, "
-                f"{r['seconds']:.1f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    for agent_type, index, key in episodes:
+        started = time.perf_counter()
+        result = solver.solve(env, params, index, agent_type, key, args.max_steps)
+        records.append(
+            {
+                "map_index": index,
+                "map_type": map_types[index],
+                "agent": AGENT_NAMES[agent_type],
+                "map_size": args.map_size,
+                "seed": args.seed,
+                "completed": result.completed,
+                "steps": result.steps,
+                "episode_return": result.episode_return,
+                "progress": result.progress,
+                "reason": result.reason,
+                "seconds": time.perf_counter() - started,
+            }
+        )
+        r = records[-1]
+        print(  # progress on stderr, the table on stdout
+            f"{r['map_type']} {r['agent']} map {index}: "
+            f"{'solved' if r['completed'] else 'UNSOLVED'} in {r['steps']} steps, "
+            f"{r['seconds']:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     summary = solver.summarize(records)
     print(
         f"{args.map_size}x{args.map_size} maps, seed {args.seed}, max_steps {args.max_steps}\n"

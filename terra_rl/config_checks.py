@@ -83,7 +83,11 @@ def validate(config: TrainConfig, num_local_devices: int) -> None:
             shown = [a for a in allowed if a]
             raise ConfigError(f"--{name} must be one of {shown}, got {getattr(c, name)!r}")
     allowed = GYMNAX_BEST_METRICS if c.is_gymnax else BEST_METRICS
-    names = [f"{prefix}/{name}" for prefix in ("eval", "eval_sampled") for name in allowed]
+    names = [f"validation/{name}" for name in allowed]
+    if c.best_metric.startswith(("eval/", "eval_sampled/")):
+        raise ConfigError(f"--best_metric {c.best_metric} would choose the checkpoint on the "
+                          "reported eval pool; use validation/"
+                          f"{c.best_metric.split('/', 1)[1]} (the validation pool)")
     if c.best_metric and c.best_metric not in names:  # empty: the default, set by resolve
         raise ConfigError(f"--best_metric must be one of {names}, got {c.best_metric!r}")
     which = c.init_params_checkpoint
@@ -151,4 +155,9 @@ def _validate_excavation(c: TrainConfig) -> None:
         raise ConfigError(
             f"--eval_map_seed {c.eval_map_seed} equals --map_seed: evaluation maps must be "
             "held out; pick another seed"
+        )
+    if c.validation_map_seed in (c.map_seed, c.eval_map_seed):
+        raise ConfigError(
+            f"--validation_map_seed {c.validation_map_seed} equals --map_seed or "
+            "--eval_map_seed: validation maps must be held out from both; pick another seed"
         )

@@ -25,6 +25,8 @@ TRAIN = str(REPO / "train_mixed.py")
 BENCHMARK = str(REPO / "scripts" / "benchmark_train.py")
 RESULTS = str(REPO / "scripts" / "run_results.py")
 SOLO = ["--config", "solo_excavator"]
+# solo_excavator without its excavation-only inputs, as a gymnax run would need it.
+GYMNAX_BASE = [*SOLO, "--disable_action_mask", "--disable_dig_distance", "--disable_pose_distance"]
 
 # name -> (script, flags, a phrase the error must contain). {data}: the case's directory,
 # holding a valid 16x16 dataset (data/maps), a run dir without checkpoint (data/no_ckpt) and
@@ -73,13 +75,15 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "refusals without a mask": (TRAIN, ["--enable_remember_refused_digs",
                                         "--disable_action_mask"],
                                 "--enable_remember_refused_digs records the action mask's"),
-    "unknown gymnax id": (TRAIN, [*SOLO, "--env", "gymnax:Moonlander-v9"], "Moonlander-v9"),
+    "unknown gymnax id": (TRAIN, [*GYMNAX_BASE, "--env", "gymnax:Moonlander-v9"],
+                          "Moonlander-v9"),
     "action mask with gymnax": (TRAIN, [*SOLO, "--env", "gymnax:CartPole-v1",
                                         "--enable_action_mask"], "--enable_action_mask needs"),
-    "dig distance with gymnax": (TRAIN, [*SOLO, "--env", "gymnax:CartPole-v1",
-                                         "--enable_dig_distance"], "--enable_dig_distance needs"),
-    "pose distance with gymnax": (TRAIN, [*SOLO, "--env", "gymnax:CartPole-v1",
-                                          "--enable_pose_distance"],
+    "dig distance with gymnax": (TRAIN, [*SOLO, "--disable_action_mask", "--env",
+                                         "gymnax:CartPole-v1"], "--enable_dig_distance needs"),
+    "pose distance with gymnax": (TRAIN, [*SOLO, "--disable_action_mask",
+                                          "--disable_dig_distance", "--env",
+                                          "gymnax:CartPole-v1"],
                                   "--enable_pose_distance needs"),
     "unknown env": (TRAIN, ["--env", "minecraft"], "--env must be 'excavation' or 'gymnax:<id>'"),
     "missing dataset": (TRAIN, [*SOLO, "--dataset_path", "{data}/nowhere"], "manifest not found"),
@@ -101,7 +105,14 @@ CASES: dict[str, tuple[str, list[str], str]] = {
                              "--config cannot be combined with --resume"),
     "W&B mode": (TRAIN, ["--wandb_mode", "sometimes"], "--wandb_mode must be one of"),
     "precision": (TRAIN, ["--precision", "float8"], "--precision must be one of"),
-    "best metric": (TRAIN, ["--best_metric", "eval/loss"], "--best_metric must be one of"),
+    "best metric": (TRAIN, ["--best_metric", "eval/loss"], "reported eval pool"),
+    "best metric unknown": (TRAIN, ["--best_metric", "validation/loss"],
+                            "--best_metric must be one of"),
+    "dataset all held out": (TRAIN, [*SOLO, "--map_size", "16", "--dataset_path", "{data}/maps"],
+                             "none is left to train on"),
+    "dataset size past the split": (TRAIN, ["--config", "cpu_small_maps", "--eval_episodes", "1",
+                                            "--dataset_size", "3", "--dataset_path",
+                                            "{data}/maps"], "exceeds the 2 maps"),
     "max updates": (TRAIN, ["--max_updates", "0"], "--max_updates must be >= 1"),
     "runs dir under a file": (TRAIN, ["--runs_dir", "{data}/a_file/runs"],
                               "pick another --runs_dir"),

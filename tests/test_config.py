@@ -25,31 +25,34 @@ from terra_rl.validation import small
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_solo_excavator_preset_matches_the_baseline():
-    c = get_preset("solo_excavator")
-    assert c.preset == "solo_excavator"
-    assert (c.env, c.map_types, c.map_size, c.max_steps) == (
-        "excavation", ("foundations",), 64, 550
-    )
-    assert c.wheeled_fraction == 0.0 and c.reward == "dense" and not c.use_action_mask
-    assert (c.num_envs_per_device, c.num_steps, c.update_epochs, c.num_minibatches) == (
-        1024, 32, 2, 16
-    )
-    assert c.total_timesteps == 50_000_000_000
-    assert (c.lr, c.gamma, c.gae_lambda, c.clip_eps, c.vf_coef, c.max_grad_norm) == (
-        3e-4, 0.9984, 0.95, 0.2, 2.0, 0.5
-    )
-    assert (c.ent_coef_start, c.ent_coef_end, c.ent_coef_decay_updates) == (0.15, 0.005, 9500)
-    assert (c.log_train_interval, c.log_eval_interval, c.checkpoint_interval) == (1, 100, 100)
-    assert c.eval_episodes == 128 and c.num_devices == 0
+def test_the_gpu_presets_carry_the_settings_that_finish_64x64_maps():
+    """solo, trench and mixed: `cpu_small_maps`' inputs, rules and PPO settings at 64x64
+    (docs/TRAINING.md), 1024 envs on every local GPU in bfloat16, their map types and
+    excavators their own, >= 256 held-out episodes per (map type, excavator) group."""
+    small = get_preset("cpu_small_maps")
+    groups = {"solo_excavator": (("foundations",), 0.0, 1),
+              "trench_excavator": (("trenches",), 0.0, 1),
+              "mixed_excavators": (("foundations", "trenches"), 0.5, 4)}
+    for name, (map_types, wheeled, num_groups) in groups.items():
+        c = get_preset(name)
+        assert c.preset == name
+        assert (c.env, c.map_types, c.map_size, c.map_pool, c.max_steps) == (
+            "excavation", map_types, 64, 4, 1500)
+        assert c.wheeled_fraction == wheeled and c.reward == "dense" and c.discounted_shaping
+        assert (c.num_devices, c.num_envs_per_device, c.precision) == (0, 1024, "bfloat16")
+        assert c.eval_episodes >= 256 * num_groups and not c.curriculum
+        for field in ("use_action_mask", "use_compass", "use_dig_distance",
+                      "use_pose_distance", "mask_cut_off_digs", "mask_cut_off_dumps",
+                      "mask_dump_outside_zones", "remember_refused_digs", "map_encoder",
+                      "hidden_dim", "map_feature_dim", "num_steps", "update_epochs",
+                      "num_minibatches", "lr", "gamma", "ent_coef_start", "stall_steps"):
+            assert getattr(c, field) == getattr(small, field), (name, field)
+        assert c.use_action_mask and c.use_pose_distance and c.gamma == 0.99
+        assert (c.num_steps, c.update_epochs, c.num_minibatches) == (32, 4, 4)
+        assert dataclasses.replace(c, num_devices=1).num_updates == 1000  # on one GPU
 
 
 def test_other_presets():
-    assert get_preset("trench_excavator").map_types == ("trenches",)
-    mixed = get_preset("mixed_excavators")
-    assert 0.0 < mixed.wheeled_fraction < 1.0 and set(mixed.map_types) == {
-        "foundations", "trenches"
-    }
     demo = get_preset("cpu_demo")
     assert demo.map_size <= 32 and demo.precision == "float32"
     # The tests' tiny config keeps cpu_demo's maps, curriculum, encoder, compass, dig
@@ -105,6 +108,10 @@ def test_flags_override_preset_fields():
         (dict(env="gymnax:CartPole-v1", use_action_mask=True), "action_mask"),
         (dict(num_steps=0), "--num_steps"),
         (dict(gamma=1.5), "--gamma"),
+        (dict(best_metric="eval/completion_rate"), "use validation/completion_rate"),
+        (dict(best_metric="eval_sampled/rewards"), "reported eval pool"),
+        (dict(validation_map_seed=1_000_003), "--validation_map_seed"),
+        (dict(validation_map_seed=0), "held out from both"),
     ],
 )
 def test_invalid_configs_give_one_line_errors(change, fragment):

@@ -498,3 +498,38 @@ def test_the_batch_env_keeps_what_its_observation_refused(refusing_env):
     expected[:, 14:19, 20] = True
     np.testing.assert_array_equal(np.asarray(obs["refused_digs"]), expected)
     np.testing.assert_array_equal(np.asarray(state.refused_digs), expected)
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["step", "step_reference"])
+def test_a_final_observation_carries_the_refusals_of_its_own_state(refusing_env, reference):
+    """Two excavators turn their cabins onto the corridor's refused wall dig on their last
+    step: one times out there, the other goes on. The timed-out one's `final_observation`
+    holds the refusals a training observation of that state holds (those of `observation`
+    of the pre-reset state), with its mask all True; the other's is its new observation."""
+    from envs import params_from_maps
+    from envs.batch import BatchEnv
+    from envs.maps import MapSet
+
+    target, obstacles = corridor(far_target=True)
+    maps = MapSet(target_map=target[None], obstacles=obstacles[None],
+                  dumpability=np.ones((1, N, N), np.int8), map_type=np.zeros((1,), np.int8),
+                  spawn_pose=np.asarray([CENTRE], np.int32))
+    batch = BatchEnv(refusing_env, params_from_maps(maps), num_envs=2)
+    one = build(refusing_env, target=target, obstacles=obstacles, cabin=11)
+    state = jax.tree.map(lambda x: jnp.stack([x, x]), one)
+    state = state.replace(age=jnp.asarray([refusing_env.config.max_steps - 1, 0], jnp.int32))
+    action = jnp.int32(A.CABIN_ANTICLOCK)
+    _, last, *_ = refusing_env.step_no_reset(None, one, action, None, with_action_mask=False)
+    expected = np.asarray(refusing_env.observation(last)["refused_digs"])
+    assert expected[14:19, 20].all() and expected.sum() == 5
+
+    step_fn = batch.step_reference if reference else batch.step
+    obs, _, _, terminated, truncated, info = jax.jit(step_fn)(
+        jax.random.PRNGKey(1), state, jnp.full((2,), action, jnp.int32))
+    assert np.asarray(truncated).tolist() == [True, False]
+    final = info["final_observation"]
+    np.testing.assert_array_equal(np.asarray(final["refused_digs"][0]), expected)
+    assert np.asarray(final["action_mask"][0]).all()
+    np.testing.assert_array_equal(np.asarray(final["refused_digs"][1]),
+                                  np.asarray(obs["refused_digs"][1]))
+    np.testing.assert_array_equal(np.asarray(final["refused_digs"][1]), expected)

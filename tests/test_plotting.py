@@ -104,7 +104,7 @@ def test_script_writes_a_png_with_the_panels_that_have_data(runs, tmp_path, caps
         pixels = np.asarray(image.convert("L"))
     assert pixels.min() < 100 and pixels.max() > 200  # lines drawn on a light background
     panels = plot_groups(group_runs([load_run(runs[2])]), tmp_path / "b.png")
-    assert panels == ["held-out completion rate (solid greedy, dashed sampled)",
+    assert panels == ["held-out completion rate (solid greedy; dashed sampled, then validation)",
                       "policy entropy", "actions"]
 
     with pytest.raises(SystemExit) as error:

@@ -301,7 +301,7 @@ def test_best_checkpoint_is_kept_at_any_eval_that_improves(tiny_trainer, tmp_pat
     """Evals every update, one periodic checkpoint (the last): the best checkpoint is the
     eval whose metric was highest (the first of equals), saved when it happened."""
     config = dataclasses.replace(tiny_trainer.config, log_eval_interval=1, checkpoint_interval=0,
-                                 best_metric="eval_sampled/first_episode_return")
+                                 best_metric="validation/first_episode_return")
     runner = tiny_trainer.init_runner()
     tiny_trainer.compile_update(runner)
     tiny_trainer.compile_eval(runner)
@@ -340,7 +340,8 @@ def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, caps
     order = [(r["update"], "eval" if "eval/rewards" in r else "train") for r in records]
     assert order == [(0, "eval"), (1, "train"), (2, "train"), (2, "eval"), (3, "train"),
                      (4, "train"), (4, "eval")]
-    baseline = {k: v for k, v in records[0].items() if k.startswith(("eval/", "eval_sampled/"))}
+    baseline = {k: v for k, v in records[0].items()
+                if k.startswith(("eval/", "eval_sampled/", "validation/"))}
     assert baseline == pytest.approx(expected, rel=0, abs=0, nan_ok=True)
     assert any(records[3][name] != value for name, value in baseline.items())  # trained since
     assert tiny_trainer.trace_counts["eval"] == 1  # lowered again from jax's trace cache
@@ -356,7 +357,7 @@ def test_an_eval_due_while_the_eval_compiles_runs_later_with_the_same_results(
     a run whose eval was compiled before its first update."""
     config = dataclasses.replace(tiny_trainer.config, log_eval_interval=1,
                                  checkpoint_interval=0,
-                                 best_metric="eval_sampled/first_episode_return")
+                                 best_metric="validation/first_episode_return")
     runner = tiny_trainer.init_runner()
     tiny_trainer.compile_update(runner)
     tiny_trainer.compile_eval(runner)

@@ -15,6 +15,7 @@ import numpy as np
 
 from envs import BatchEnv, CurriculumConfig, EnvConfig, ExcavationEnv, RewardConfig
 from envs.actions import NUM_ACTIONS, TRACKED_ACTION_NAMES, WHEELED_ACTION_NAMES
+from envs.dataset import load_map_dataset, validate_map_set
 from envs.maps import MAP_TYPES, MapSet, generate_maps
 from envs.params import make_env_params, params_from_maps
 from terra_rl.adapters.contract import StepResult, checked_step_result, observation_spec_of
@@ -102,7 +103,7 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
         map_size=config.map_size,
         max_steps=config.max_steps,
         wheeled_fraction=config.wheeled_fraction,
-        reward=RewardConfig() if config.reward == "dense" else RewardConfig.sparse(),
+        reward=reward_config(config),
         curriculum=curriculum,
         compute_action_mask=config.use_action_mask,
         stall_steps=config.stall_steps if training else 0,
@@ -120,53 +121,114 @@ def excavation_env_config(config: TrainConfig, *, training: bool = True) -> EnvC
     )
 
 
+def reward_config(config: TrainConfig) -> RewardConfig:
+    """The env's reward: dense or sparse, its progress shaping paid under the run's gamma
+    (`TrainConfig.discounted_shaping`) or undiscounted."""
+    discount = config.gamma if config.discounted_shaping else 1.0
+    if config.reward == "dense":
+        return RewardConfig(discount=discount)
+    return RewardConfig.sparse(discount)
+
+
 def make_train_envs(config: TrainConfig):
     """(train env with `num_envs_per_device` envs, eval env with `eval_envs_per_device`)
     for one device. Excavation: the training pool holds the curriculum's levels (or
-    `map_types`); the eval env runs `map_types` on a held-out pool (`held_out_maps`) without
-    a curriculum, and each eval env starts on a map of its own."""
+    `map_types`); the eval env runs `map_types` on a held-out pool (`held_out_pools`)
+    without a curriculum, and each eval env starts on a map of its own. The eval env's
+    `validation_params` hold the validation pool, laid out like its `params` (gymnax: the
+    same params; its validation episodes differ by their key)."""
     if config.is_gymnax:
         from terra_rl.adapters.gymnax_env import make_gymnax_env, parse_env_id
 
         env_id = parse_env_id(config.env)
         scale = config.gymnax_scale_observations
+        eval_env = make_gymnax_env(env_id, config.eval_envs_per_device,
+                                   scale_observations=scale)
+        eval_env.validation_params = eval_env.params
         return (
             make_gymnax_env(env_id, config.num_envs_per_device, config.gymnax_timeouts_terminal,
                             scale),
-            make_gymnax_env(env_id, config.eval_envs_per_device, scale_observations=scale),
+            eval_env,
         )
     env = ExcavationEnv(excavation_env_config(config))
-    params = make_env_params(
-        env.config,
-        map_types=config.curriculum or config.map_types,
-        num_maps=config.num_maps,
-        seed=config.map_seed,
-        dataset_path=config.dataset_path or None,
-        dataset_size=config.dataset_size or None,
-    )
     eval_env = ExcavationEnv(excavation_env_config(config, training=False))
-    eval_maps = held_out_maps(config, eval_env.config, params)
-    return (
-        ExcavationTrainEnv(BatchEnv(env, params, config.num_envs_per_device)),
-        ExcavationTrainEnv(
-            BatchEnv(eval_env, params_from_maps(eval_maps), config.eval_envs_per_device)
-        ),
-    )
+    if config.dataset_path:
+        train_maps, validation_maps, eval_maps = dataset_pools(config)
+        validate_map_set(train_maps, env.config.spawn_clearance, source=config.dataset_path)
+        params = params_from_maps(train_maps)
+    else:
+        params = make_env_params(env.config, map_types=config.curriculum or config.map_types,
+                                 num_maps=config.num_maps, seed=config.map_seed)
+        validation_maps, eval_maps = held_out_pools(config, eval_env.config, params)
+    eval_train_env = ExcavationTrainEnv(
+        BatchEnv(eval_env, params_from_maps(eval_maps), config.eval_envs_per_device))
+    eval_train_env.validation_params = params_from_maps(validation_maps)
+    return ExcavationTrainEnv(BatchEnv(env, params, config.num_envs_per_device)), eval_train_env
 
 
-def held_out_maps(config: TrainConfig, env_config: EnvConfig, train_params) -> MapSet:
-    """`eval_episodes` maps of `map_types` from `eval_map_seed`, none equal to a map of the
-    training pool (duplicates, likely only among tiny maps, are dropped and replaced)."""
-    count = config.eval_episodes
+def dataset_pools(config: TrainConfig) -> tuple[MapSet, MapSet, MapSet]:
+    """(training, validation, eval) maps of a dataset run: the dataset's last
+    `eval_episodes` maps are the eval pool, the `eval_episodes` before them the validation
+    pool, and training takes the first `dataset_size` (0: all) of the rest."""
+    maps = load_map_dataset(config.dataset_path)
+    if maps.size != config.map_size:
+        raise ConfigError(
+            f"{config.dataset_path}: maps are {maps.size}x{maps.size} but --map_size is "
+            f"{config.map_size}; set --map_size {maps.size} or pick another dataset")
+    held_out = 2 * config.eval_episodes
+    trainable = maps.count - held_out
+    if trainable < 1:
+        raise ConfigError(
+            f"{config.dataset_path} holds {maps.count} maps: its last 2 x --eval_episodes "
+            f"({held_out}) are held out for validation and evaluation and none is left to "
+            "train on; lower --eval_episodes or use a larger dataset")
+    if config.dataset_size > trainable:
+        raise ConfigError(
+            f"--dataset_size {config.dataset_size} exceeds the {trainable} maps of "
+            f"{config.dataset_path} left to train on (its last {held_out} are held out for "
+            "validation and evaluation); lower it")
+    count = config.dataset_size or trainable
+    fields = maps.fields()
+
+    def part(start: int, stop: int) -> MapSet:
+        return MapSet(**{name: value[start:stop] for name, value in fields.items()})
+
+    return (part(0, count), part(trainable, trainable + config.eval_episodes),
+            part(trainable + config.eval_episodes, maps.count))
+
+
+def held_out_pools(config: TrainConfig, env_config: EnvConfig,
+                   train_params) -> tuple[MapSet, MapSet]:
+    """(validation, eval) maps: `eval_episodes` maps of `map_types` each, generated from
+    `validation_map_seed` and `eval_map_seed`. The eval pool holds no map of the training
+    pool; the validation pool none of either (duplicates, likely only among tiny maps, are
+    dropped and replaced)."""
     seen = {
         _map_key(t, o)
         for t, o in zip(np.asarray(train_params.target_map),
                         np.asarray(train_params.obstacles), strict=True)
     }
+    eval_maps = _distinct_maps(config, env_config, config.eval_map_seed, seen, "evaluation")
+    seen |= {_map_key(t, o) for t, o in zip(eval_maps.target_map, eval_maps.obstacles,
+                                            strict=True)}
+    validation = _distinct_maps(config, env_config, config.validation_map_seed, seen,
+                                "validation")
+    return validation, eval_maps
+
+
+def held_out_maps(config: TrainConfig, env_config: EnvConfig, train_params) -> MapSet:
+    """The eval pool of `held_out_pools`."""
+    return held_out_pools(config, env_config, train_params)[1]
+
+
+def _distinct_maps(config: TrainConfig, env_config: EnvConfig, seed: int, seen: set,
+                   role: str) -> MapSet:
+    """`eval_episodes` maps of `map_types` from `seed`, none in `seen`."""
+    count = config.eval_episodes
     generated = count
     for _ in range(4):
-        maps = generate_maps(config.map_types, env_config.map_size, generated,
-                             config.eval_map_seed, env_config.spawn_clearance)
+        maps = generate_maps(config.map_types, env_config.map_size, generated, seed,
+                             env_config.spawn_clearance)
         keep = np.array([_map_key(t, o) not in seen
                          for t, o in zip(maps.target_map, maps.obstacles, strict=True)])
         if keep.sum() >= count:
@@ -174,7 +236,7 @@ def held_out_maps(config: TrainConfig, env_config: EnvConfig, train_params) -> M
             return MapSet(**{name: value[chosen] for name, value in maps.fields().items()})
         generated *= 2
     raise ConfigError(
-        f"could not find {count} evaluation maps of {config.map_types} that differ from the "
+        f"could not find {count} {role} maps of {config.map_types} that differ from the "
         "training pool; lower --eval_episodes or --num_maps"
     )
 

@@ -22,6 +22,7 @@ from terra_rl.algo.update import policy_outputs, traced_at_most
 from terra_rl.config import TrainConfig
 
 SAMPLED_PREFIX = "eval_sampled/"
+VALIDATION_PREFIX = "validation/"
 
 
 def make_eval_fn(config: TrainConfig, env, policy,
@@ -168,3 +169,9 @@ def summarize(stats, group, env, num_groups: int) -> dict[str, jax.Array]:
 def sampled_names(metrics: dict[str, float]) -> dict[str, float]:
     """The sampled policy's metrics under `eval_sampled/` instead of `eval/`."""
     return {SAMPLED_PREFIX + name.removeprefix("eval/"): value for name, value in metrics.items()}
+
+
+def validation_names(metrics: dict[str, float]) -> dict[str, float]:
+    """The validation pool's metrics under `validation/` instead of `eval/`."""
+    return {VALIDATION_PREFIX + name.removeprefix("eval/"): value
+            for name, value in metrics.items()}

@@ -28,6 +28,13 @@ def seed_key(seed: int) -> np.ndarray:
     return np.array([0, seed & 0xFFFFFFFF], np.uint32)
 
 
+def validation_key(seed: int) -> np.ndarray:
+    """uint32 [2]: the validation eval's run key, `[1, seed mod 2**32]`, never a `seed_key`
+    (whose first word is 0): validation episodes draw other spawns and actions than the
+    reported eval's, from the same program."""
+    return seed_key(seed) | np.array([1, 0], np.uint32)
+
+
 def device_key(run_key: jax.Array, stream: int, axis_name: str) -> jax.Array:
     """uint32 [2], inside a `jax.pmap` over `axis_name`: this device's row of
     `jax.random.split(jax.random.fold_in(run_key, stream), number of devices)`."""

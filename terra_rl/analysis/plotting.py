@@ -38,8 +38,9 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("held-out completion rate (solid greedy, dashed sampled)",
-          ("eval/completion_rate", "eval_sampled/completion_rate")),
+    Panel("held-out completion rate (solid greedy; dashed sampled, then validation)",
+          ("eval/completion_rate", "eval_sampled/completion_rate",
+           "validation/completion_rate")),
     Panel("eval positive terminations", ("eval/positive_terminations",)),
     Panel("eval return of the first episode", ("eval/first_episode_return",)),
     Panel("train episode progress", ("train/mean_episode_progress",)),

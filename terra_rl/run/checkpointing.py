@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-DEFAULT_BEST_METRIC = "eval/completion_rate"
+DEFAULT_BEST_METRIC = "validation/completion_rate"
 BEST_SUBDIR = "best"
 
 

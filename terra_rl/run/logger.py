@@ -342,10 +342,10 @@ class RunLogger:
         self._log(update, env_step, dict(metrics))
 
     def log_eval(self, update: int, env_step: int, metrics: Mapping[str, Any]) -> None:
-        """Writes evaluation metrics as `eval/<name>` (names already under `eval/` or
-        `eval_sampled/` stay) and keeps them for the progress line."""
+        """Writes evaluation metrics as `eval/<name>` (names already under `eval/`,
+        `eval_sampled/` or `validation/` stay) and keeps them for the progress line."""
         prefixed = {
-            k if k.startswith(("eval/", "eval_sampled/")) else f"eval/{k}": v
+            k if k.startswith(("eval/", "eval_sampled/", "validation/")) else f"eval/{k}": v
             for k, v in metrics.items()
         }
         self.last_eval = self._log(update, env_step, prefixed)

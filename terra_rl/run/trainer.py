@@ -22,7 +22,7 @@ import numpy as np
 from terra_rl import env_vars
 from terra_rl.adapters.train_env import make_train_envs
 from terra_rl.algo import ppo, run_keys
-from terra_rl.algo.evaluation import make_eval_fn, sampled_names
+from terra_rl.algo.evaluation import make_eval_fn, sampled_names, validation_names
 from terra_rl.algo.update import RunnerState, make_init_fn, make_update_fn
 from terra_rl.config import TrainConfig
 from terra_rl.nets.models import PolicyConfig, make_policy
@@ -66,6 +66,8 @@ class Trainer:
     constant), as global arrays."""
     eval_env_params: Any = None
     """The held-out evaluation pool, laid out like `env_params`."""
+    validation_env_params: Any = None
+    """The validation pool that chooses the best checkpoint, laid out like `env_params`."""
     compiled_init: Any = None
     init_compile_seconds: float = 0.0
     """Of the init: lowering and compile, in the background too (`start_init_compile`)."""
@@ -248,16 +250,23 @@ class Trainer:
                  params: Any = None) -> dict[str, float]:
         """Eval metrics of the runner's policy (or of `params`, global arrays laid out like
         the runner's) on the held-out pool: greedy (`eval/...`) and, with `eval_sampling`,
-        sampled (`eval_sampled/...`). A collective: all processes call it."""
+        sampled (`eval_sampled/...`); then greedy on the validation pool
+        (`validation/...`), the one that chooses the best checkpoint, with the same compiled
+        program. A collective: all processes call it."""
         del update  # the same episodes at every eval
         evaluate = self.compile_eval(runner)
         params = runner.policy.params if params is None else params
         metrics = {}
+        greedy = self.replicate(np.bool_(False))
         for sample in (False, True) if self.config.eval_sampling else (False,):
             result = host_metrics(evaluate(params, self.run_key(),
                                            self.eval_env_params,
                                            self.replicate(np.bool_(sample))))
             metrics.update(sampled_names(result) if sample else result)
+        validation_key = self.replicate(run_keys.validation_key(self.config.seed))
+        result = host_metrics(evaluate(params, validation_key, self.validation_env_params,
+                                       greedy))
+        metrics.update(validation_names(result))
         return metrics
 
     def _local(self, *trees):
@@ -332,4 +341,5 @@ def build_trainer(config: TrainConfig, max_traces: int | None = None) -> Trainer
     )
     trainer.env_params = trainer.replicate(train_env.params)
     trainer.eval_env_params = trainer.replicate(eval_env.params)
+    trainer.validation_env_params = trainer.replicate(eval_env.validation_params)
     return trainer

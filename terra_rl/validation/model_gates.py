@@ -66,8 +66,9 @@ def model_policy(options: GateOptions) -> str:
         dtypes = {leaf.dtype for leaf in jax.tree.leaves(variables)}
         require(dtypes == {jnp.dtype(jnp.float32)}, f"{name}: parameter dtypes {dtypes}")
         count = count_parameters(variables)
-        expected = references.expected_parameter_count(
-            config, preset.map_size, env.config.num_last_actions, NUM_ACTIONS
+        expected = references.expected_parameter_count(  # the encoder sees the pooled map
+            config, preset.map_size // preset.map_pool, env.config.num_last_actions,
+            NUM_ACTIONS
         )
         require(
             count == expected,

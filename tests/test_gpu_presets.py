@@ -1,0 +1,58 @@
+"""The GPU presets at their own shape on the CPU: each 64x64 preset compiles, runs 2 updates
+and one evaluation (few envs and eval episodes, the preset's own horizon, maps, rules,
+inputs and network), through the command line a Slurm job runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from terra_rl.config import get_preset
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_PRESETS = ("solo_excavator", "trench_excavator", "mixed_excavators")
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_each_gpu_preset_trains_and_evaluates_at_64x64_on_the_cpu(preset, tmp_path):
+    config = get_preset(preset)
+    groups = len(config.map_types) * (2 if 0 < config.wheeled_fraction < 1 else 1)
+    eval_episodes = 2 * groups
+    env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled")
+    env.pop("XLA_FLAGS", None)  # one CPU device, as on a 1-GPU machine
+    result = subprocess.run(
+        [sys.executable, str(REPO / "train_mixed.py"), "--config", preset,
+         "--num_envs_per_device", "8", "--eval_episodes", str(eval_episodes),
+         "--max_updates", "2", "--log_train_interval", "1", "--log_eval_interval", "2",
+         "--checkpoint_interval", "2", "--runs_dir", str(tmp_path), "--run_name", "run",
+         "--compilation_cache_dir", os.environ["TERRA_RL_TEST_CACHE"]],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "run"
+    saved = json.loads((run / "config.json").read_text())
+    for field in ("map_size", "max_steps", "map_pool", "precision", "use_action_mask",
+                  "use_pose_distance", "mask_cut_off_digs", "wheeled_fraction", "gamma"):
+        assert saved[field] == getattr(config, field), field
+    assert (saved["map_size"], saved["max_steps"]) == (64, 1500)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "train/loss" in r]
+    assert [r["update"] for r in train] == [1, 2]
+    assert all(math.isfinite(r["train/loss"]) for r in train)
+    evals = [r for r in records if r["update"] == 2 and "eval/completion_rate" in r]
+    assert len(evals) == 1
+    final = evals[0]
+    for prefix in ("eval", "validation"):
+        assert 0.0 <= final[f"{prefix}/completion_rate"] <= 1.0
+        for map_type in config.map_types:
+            kinds = ("tracked", "wheeled") if config.wheeled_fraction else ("tracked",)
+            for kind in kinds:
+                assert f"{prefix}/completion_rate/{map_type}/{kind}" in final
+    # A whole horizon: every env's first episode ran up to 1500 steps.
+    assert final["eval/episodes_finished"] >= eval_episodes
+    assert (run / "checkpoints" / "2").is_dir()
