@@ -18,7 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EULER = REPO / "scripts" / "euler"
-SHELL_SCRIPTS = sorted([*EULER.glob("*.sh"), *EULER.glob("*.sbatch")])
+# Every shell script the project runs: the Slurm side, the GPU checks and the CI entry point.
+SHELL_SCRIPTS = sorted([*EULER.glob("*.sh"), *EULER.glob("*.sbatch"),
+                        REPO / "scripts" / "gpu_checks.sh", REPO / ".ci" / "run"])
 GUARD = EULER / "gpu_guard.sh"
 JOB_ID = "777"
 
@@ -92,7 +94,7 @@ def shellcheck_binary() -> Path:
 def test_shell_scripts_are_shellcheck_clean():
     assert {p.name for p in SHELL_SCRIPTS} >= {
         "env.sh", "gpu_guard.sh", "job_lib.sh", "train_solo_excavator_4gpu.sbatch",
-        "train_generic.sbatch", "train_multinode_2x4.sbatch",
+        "train_generic.sbatch", "train_multinode_2x4.sbatch", "gpu_checks.sh", "run",
     }
     result = subprocess.run([str(shellcheck_binary()), "-x", *map(str, SHELL_SCRIPTS)],
                             capture_output=True, text=True, cwd=REPO)
