@@ -533,3 +533,17 @@ def test_a_final_observation_carries_the_refusals_of_its_own_state(refusing_env,
     np.testing.assert_array_equal(np.asarray(final["refused_digs"][1]),
                                   np.asarray(obs["refused_digs"][1]))
     np.testing.assert_array_equal(np.asarray(final["refused_digs"][1]), expected)
+
+    # The policy's derived inputs of that last observation are a training observation's.
+    from terra_rl.features.dig_distance import dig_distance_features
+    from terra_rl.features.pose_distance import pose_distance_features
+
+    training = jax.tree.map(lambda x: jnp.asarray(x)[None], refusing_env.observation(last))
+    last_obs = jax.tree.map(lambda x: x[:1], final)
+    for features in (dig_distance_features, pose_distance_features):
+        np.testing.assert_array_equal(np.asarray(features(last_obs)),
+                                      np.asarray(features(training)))
+    # Without the refusals (as before), the way to the next dig would read otherwise.
+    stale = dict(last_obs, refused_digs=jnp.zeros_like(last_obs["refused_digs"]))
+    assert not np.array_equal(np.asarray(dig_distance_features(stale)),
+                              np.asarray(dig_distance_features(training)))
