@@ -24,8 +24,8 @@ from test_trainer import load_script
 from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_rollout_components.py"
-SECTIONS = ["env_step", "policy_forward", "rollout", "gae", "minibatch_gradient",
-            "optimizer_apply", "full_update", "host_overhead"]
+SECTIONS = ["env_step", "policy_forward", "derived_inputs", "network", "rollout", "gae",
+            "minibatch_gradient", "optimizer_apply", "full_update", "host_overhead"]
 
 
 def tiny_flags() -> list[str]:

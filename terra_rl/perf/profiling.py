@@ -9,6 +9,9 @@ the trainer's pmapped update on `num_devices`):
     policy_forward      `num_steps` policy forward passes on a batch of observations,
                         with the parameter-free features the rollout computes (compass,
                         dig and pose distances)
+    derived_inputs      those parameter-free features alone (`with_derived_features`),
+                        `num_steps` batches
+    network             the forward passes alone, on observations that carry them
     rollout             `num_steps` of policy forward, sampling and env step
     gae                 GAE over the rollout's [num_steps, num_envs] arrays
     minibatch_gradient  one minibatch's PPO loss and gradient (the observations carry their
@@ -124,6 +127,18 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
 
     _, (observations, rewards, values) = policy_rollout(params, jax.random.PRNGKey(2),
                                                         env_state, obs)
+    derive = functools.partial(with_derived_features, policy)
+
+    @jax.jit
+    def derived_only(observations):
+        # A checksum of every feature, so XLA cannot drop the work that builds them.
+        def step(carry, obs):
+            features = {k: v for k, v in derive(obs).items() if k not in obs}
+            return carry + sum(jnp.sum(v.astype(jnp.float32))
+                               for v in jax.tree.leaves(features)), None
+        return jax.lax.scan(step, jnp.zeros(()), observations)[0]
+
+    observations_with_features = jax.jit(jax.vmap(derive))(observations)
     dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)
 
     @jax.jit
@@ -153,6 +168,8 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
     timed = {
         "env_step": (lambda: env_only(key, env_state), 1),
         "policy_forward": (lambda: forward_only(params, observations), 1),
+        "derived_inputs": (lambda: derived_only(observations), 1),
+        "network": (lambda: forward_only(params, observations_with_features), 1),
         "rollout": (lambda: policy_rollout(params, key, env_state, obs), 1),
         "gae": (lambda: gae(rewards, values), 1),
         "minibatch_gradient": (
