@@ -365,7 +365,7 @@ PRESETS["cpu_small_maps"] = dataclasses.replace(
     mask_dump_outside_zones=True,  # foundations' soil-stage loop (docs/RESULTS.md)
     mask_cut_off_dumps=True,  # piles that wall targets off, the commonest failure left
     remember_refused_digs=True,  # stalls where the mask refused every dig in reach
-    total_timesteps=5_734_400,  # 2,800 updates: 29-37 minutes on this CPU, by the day
+    total_timesteps=5_734_400,  # 2,800 updates: 10-37 minutes on this CPU, by the day
     log_eval_interval=200,
 )
 
