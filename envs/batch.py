@@ -143,12 +143,15 @@ class BatchEnv:
                 start, next_state, refused = carry
                 part = jax.lax.dynamic_slice(index, (start,), (chunk,))
                 gather = jnp.minimum(part, self.num_envs - 1)
-                finished = jax.tree.map(lambda x: x[gather], next_state)  # not yet reset
                 reset_state = reset_states(
-                    keys[gather], params, finished.agent.agent_type, finished.curriculum
+                    keys[gather],
+                    params,
+                    next_state.agent.agent_type[gather],
+                    jax.tree.map(lambda x: x[gather], next_state.curriculum),
                 )
                 scatter = lambda full, new: full.at[part].set(new, mode="drop")  # noqa: E731
-                if remembers:
+                if remembers:  # of the finished states, not yet reset
+                    finished = jax.tree.map(lambda x: x[gather], next_state)
                     refused = scatter(refused, final_refusals(finished))
                 return start + chunk, jax.tree.map(scatter, next_state, reset_state), refused
 

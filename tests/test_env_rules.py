@@ -477,10 +477,9 @@ def test_the_digs_the_mask_refuses_are_remembered_until_the_map_changes(
     assert not bool(np.asarray(obs["refused_digs"]).any())
 
 
-def test_the_batch_env_keeps_what_its_observation_refused(refusing_env):
-    """`BatchEnv.step` takes the observation after its resets; the state it returns holds
-    that observation's refusals: two excavators in the corridor turn their cabins onto the
-    wall dig, which the mask refuses."""
+def corridor_batch(env):
+    """(BatchEnv of 2 envs on the far-target corridor map, one excavator there with its cabin
+    one turn short of the wall dig, that state stacked for both envs)."""
     from envs import params_from_maps
     from envs.batch import BatchEnv
     from envs.maps import MapSet
@@ -489,9 +488,16 @@ def test_the_batch_env_keeps_what_its_observation_refused(refusing_env):
     maps = MapSet(target_map=target[None], obstacles=obstacles[None],
                   dumpability=np.ones((1, N, N), np.int8), map_type=np.zeros((1,), np.int8),
                   spawn_pose=np.asarray([CENTRE], np.int32))
-    batch = BatchEnv(refusing_env, params_from_maps(maps), num_envs=2)
-    one = build(refusing_env, target=target, obstacles=obstacles, cabin=11)
-    state = jax.tree.map(lambda x: jnp.stack([x, x]), one)
+    batch = BatchEnv(env, params_from_maps(maps), num_envs=2)
+    one = build(env, target=target, obstacles=obstacles, cabin=11)
+    return batch, one, jax.tree.map(lambda x: jnp.stack([x, x]), one)
+
+
+def test_the_batch_env_keeps_what_its_observation_refused(refusing_env):
+    """`BatchEnv.step` takes the observation after its resets; the state it returns holds
+    that observation's refusals: two excavators in the corridor turn their cabins onto the
+    wall dig, which the mask refuses."""
+    batch, one, state = corridor_batch(refusing_env)
     obs, state, *_ = jax.jit(batch.step)(jax.random.PRNGKey(1), state,
                                          jnp.full((2,), A.CABIN_ANTICLOCK, jnp.int32))
     expected = np.zeros((2, N, N), bool)
@@ -506,17 +512,7 @@ def test_a_final_observation_carries_the_refusals_of_its_own_state(refusing_env,
     step: one times out there, the other goes on. The timed-out one's `final_observation`
     holds the refusals a training observation of that state holds (those of `observation`
     of the pre-reset state), with its mask all True; the other's is its new observation."""
-    from envs import params_from_maps
-    from envs.batch import BatchEnv
-    from envs.maps import MapSet
-
-    target, obstacles = corridor(far_target=True)
-    maps = MapSet(target_map=target[None], obstacles=obstacles[None],
-                  dumpability=np.ones((1, N, N), np.int8), map_type=np.zeros((1,), np.int8),
-                  spawn_pose=np.asarray([CENTRE], np.int32))
-    batch = BatchEnv(refusing_env, params_from_maps(maps), num_envs=2)
-    one = build(refusing_env, target=target, obstacles=obstacles, cabin=11)
-    state = jax.tree.map(lambda x: jnp.stack([x, x]), one)
+    batch, one, state = corridor_batch(refusing_env)
     state = state.replace(age=jnp.asarray([refusing_env.config.max_steps - 1, 0], jnp.int32))
     action = jnp.int32(A.CABIN_ANTICLOCK)
     _, last, *_ = refusing_env.step_no_reset(None, one, action, None, with_action_mask=False)

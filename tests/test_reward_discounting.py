@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_rewards import POLICIES, POLICY_NAMES, agent_at, make_rollout, work_pose
+from test_rewards import POLICIES, POLICY_NAMES, make_rollout, map_starts
 
-from envs import EnvConfig, ExcavationEnv, RewardConfig, params_from_maps
+from envs import EnvConfig, ExcavationEnv, RewardConfig
 from envs import actions as A
-from envs.maps import MAP_TYPES, MapSet, generate_maps
+from envs.maps import MAP_TYPES, generate_maps
 from terra_rl.adapters.train_env import reward_config
 from terra_rl.config import PRESETS, TrainConfig, get_preset
 
@@ -55,27 +55,18 @@ class Rollouts:
 def run_rollouts(map_size: int, discount: float) -> Rollouts:
     env = ExcavationEnv(EnvConfig(map_size=map_size, max_steps=MAX_STEPS,
                                   reward=RewardConfig(discount=discount)))
-    config = env.config
-    maps = generate_maps(MAP_TYPES, map_size, len(MAP_TYPES), MAP_SEED, config.spawn_clearance)
-    reset = jax.jit(env.reset)
+    maps = generate_maps(MAP_TYPES, map_size, len(MAP_TYPES), MAP_SEED,
+                         env.config.spawn_clearance)
     step = jax.jit(env.step_no_reset)
     starts, states = [], []
-    for index in range(len(maps.map_type)):
-        one_map = MapSet(*(np.asarray(x)[index : index + 1] for x in dataclasses.astuple(maps)))
-        target, obstacles, dumpability = (x[0] for x in dataclasses.astuple(one_map)[:3])
-        map_type = MAP_TYPES[int(maps.map_type[index])]
-        pos, heading = work_pose(config, target, obstacles, dumpability)
-        for agent_type in AGENT_TYPES:
-            _, spawned = reset(jax.random.PRNGKey(index), params_from_maps(one_map), agent_type)
-            work = env.make_state(target, obstacles, dumpability,
-                                  agent_at(pos, heading, agent_type))
-            _, dug, *_ = step(None, work, jnp.int32(A.DO), None)
-            _, turned, *_ = step(None, dug, jnp.int32(A.CABIN_ANTICLOCK), None)
-            _, dumped, *_ = step(None, turned, jnp.int32(A.DO), None)
-            for kind, state in (("reset", spawned), ("work", work), ("dug", dug),
-                                ("dumped", dumped)):
-                starts.append((kind, map_type, agent_type))
-                states.append(state)
+    for map_type, agent_type, spawned, work in map_starts(env, maps):
+        _, dug, *_ = step(None, work, jnp.int32(A.DO), None)
+        _, turned, *_ = step(None, dug, jnp.int32(A.CABIN_ANTICLOCK), None)
+        _, dumped, *_ = step(None, turned, jnp.int32(A.DO), None)
+        for kind, state in (("reset", spawned), ("work", work), ("dug", dug),
+                            ("dumped", dumped)):
+            starts.append((kind, map_type, agent_type))
+            states.append(state)
 
     num_starts, num_policies = len(states), len(POLICY_NAMES)
     actions = np.stack([policy[:HORIZON] for policy in POLICIES.values()])

@@ -227,29 +227,37 @@ class Rollouts:
         return np.take_along_axis(cumulative, steps, axis=1)
 
 
+def map_starts(env: ExcavationEnv, maps: MapSet):
+    """Yields (map type name, agent type, reset state, work-pose state) for every map of
+    `maps` and agent type: the env's reset (key PRNGKey(map index)), and the base at
+    `work_pose` with the cabin straight."""
+    reset = jax.jit(env.reset)
+    for index in range(len(maps.map_type)):
+        one_map = MapSet(*(np.asarray(x)[index : index + 1] for x in dataclasses.astuple(maps)))
+        target, obstacles, dumpability = (x[0] for x in dataclasses.astuple(one_map)[:3])
+        map_type = MAP_TYPES[int(maps.map_type[index])]
+        pos, heading = work_pose(env.config, target, obstacles, dumpability)
+        for agent_type in AGENT_TYPES:
+            _, spawned = reset(jax.random.PRNGKey(index), params_from_maps(one_map), agent_type)
+            work = env.make_state(target, obstacles, dumpability,
+                                  agent_at(pos, heading, agent_type))
+            yield map_type, agent_type, spawned, work
+
+
 @functools.cache
 def run_rollouts(map_size: int) -> Rollouts:
     env = ExcavationEnv(EnvConfig(map_size=map_size, max_steps=MAX_STEPS))
     config = env.config
     maps = generate_maps(MAP_TYPES_TESTED, map_size, MAPS_PER_TYPE * len(MAP_TYPES_TESTED),
                          MAP_SEED, config.spawn_clearance)
-    reset = jax.jit(env.reset)
     step = jax.jit(env.step_no_reset)
     starts, states = [], []
-    for index in range(len(maps.map_type)):
-        one_map = MapSet(*(np.asarray(x)[index : index + 1] for x in dataclasses.astuple(maps)))
-        target, obstacles, dumpability = (x[0] for x in dataclasses.astuple(one_map)[:3])
-        map_type = MAP_TYPES[int(maps.map_type[index])]
-        pos, heading = work_pose(config, target, obstacles, dumpability)
-        for agent_type in AGENT_TYPES:
-            _, spawned = reset(jax.random.PRNGKey(index), params_from_maps(one_map), agent_type)
-            work = env.make_state(target, obstacles, dumpability,
-                                  agent_at(pos, heading, agent_type))
-            assert bool(env.action_mask(work)[A.DO]), "the work pose reaches no dig tile"
-            _, dug, *_ = step(None, work, jnp.int32(A.DO), None)
-            for kind, state in (("reset", spawned), ("work", work), ("dug", dug)):
-                starts.append((kind, map_type, agent_type))
-                states.append(state)
+    for map_type, agent_type, spawned, work in map_starts(env, maps):
+        assert bool(env.action_mask(work)[A.DO]), "the work pose reaches no dig tile"
+        _, dug, *_ = step(None, work, jnp.int32(A.DO), None)
+        for kind, state in (("reset", spawned), ("work", work), ("dug", dug)):
+            starts.append((kind, map_type, agent_type))
+            states.append(state)
     if map_size == 32:
         for with_zone in (True, False):
             for agent_type in AGENT_TYPES:

@@ -21,13 +21,13 @@ from typing import Any
 import jax
 import numpy as np
 
+from envs.params import make_env_params
 from terra_rl.adapters.train_env import (
     AGENT_TYPE_NAMES,
     ExcavationTrainEnv,
     dataset_pools,
     excavation_env_config,
     held_out_pools,
-    make_train_envs,
 )
 from terra_rl.config import ConfigError, TrainConfig, config_from_dict, resolve
 
@@ -107,9 +107,12 @@ def build_eval_env(saved: TrainConfig, config: TrainConfig):
                               "held-out maps of the run's dataset; lower it")
         maps = maps.head(config.eval_episodes)
     else:
-        train_env, _ = make_train_envs(dataclasses.replace(saved, num_devices=1))
+        # The run's training pool, which the held-out maps must avoid.
+        train_params = make_env_params(excavation_env_config(saved),
+                                       map_types=saved.curriculum or saved.map_types,
+                                       num_maps=saved.num_maps, seed=saved.map_seed)
         env_config = excavation_env_config(config, training=False)
-        _, maps = held_out_pools(config, env_config, train_env.params)
+        _, maps = held_out_pools(config, env_config, train_params)
     from envs import BatchEnv, ExcavationEnv
     from envs.params import params_from_maps
 
