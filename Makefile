@@ -1,4 +1,5 @@
-# The README's commands. Each bootstraps .venv when it is missing or pyproject.toml changed.
+# The README's commands. Each bootstraps .venv when it is missing or pyproject.toml or
+# constraints.txt changed; .venv gets the versions constraints.txt pins (the ranges' lower bounds).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,9 +12,9 @@ GATES := $(PY) scripts/validation/validate_gates.py --case all --jax-platforms c
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 # The main job on its CPU-sized preset: procedural maps, no dataset, W&B off. Extra flags:

@@ -64,6 +64,8 @@ class BatchEnv:
 
         `first_maps` (int32 [num_envs]) picks each env's first map instead of sampling.
         obs: dict of [num_envs, ...]; state: EnvState with a leading [num_envs] axis.
+        `key` is consumed (split into the episodes' keys and the ages' key): a caller derives
+        no other key from it.
         """
         params = self.params if params is None else params
         key_reset, key_age = jax.random.split(key)

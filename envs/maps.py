@@ -2,7 +2,8 @@
 
 Four map types:
   foundations: building footprints to dig (rectangle, L, U or ring), ringed by dump zones
-               that sit one free tile away from the dig area; few or no obstacles.
+               beyond a free lane as wide as the excavator (1, 3 or 5 tiles at 16, 32 or
+               64) around the dig area; few or no obstacles.
   trenches:    1-3 straight trenches (any of 8 orientations, diagonals included), rectangular
                obstacles and no-dump patches; no dump zones, soil may go on any dumpable tile.
   tiny_trenches, tiny_foundations: the first levels of a curriculum. One short trench (2-4
@@ -38,6 +39,13 @@ _ATTEMPT_SHRINK = 0.85
 _MAX_FOUNDATIONS = {16: 1, 32: 2, 64: 3}
 # Dump area aimed for, as a multiple of the dig area; 1.0 is the hard minimum.
 _GENEROUS_DUMP_RATIO = 1.5
+_FREE_LANE = {16: 1, 32: 3, 64: 5}
+"""Foundations: free tiles between the dig area and the dump zones, and between footprints
+and the map's edge: the excavator's footprint width at the size (`EnvConfig.footprint_width`).
+Soil goes on zones only, so no pile can ever close this lane. With one free tile at 32x32 and
+64x64, the zone band was the only way round a footprint and the excavator walled itself in
+with its own dumps: the scripted solver left 6 of 16 tracked 64x64 held-out foundations
+unfinished, and trained policies cut targets off the same way (docs/RESULTS.md)."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq on numpy fields is ambiguous; use equals()
@@ -184,8 +192,10 @@ def _build_foundations(
     row, col = rng.integers(clearance, size - clearance, size=2)
     spawn = (int(row), int(col))
     reserved = _square_mask(size, spawn, clearance)
+    lane = _FREE_LANE[size]
     border = np.ones((size, size), bool)
     border[1:-1, 1:-1] = False
+    border = _dilate(border, lane - 1)
     dig = np.zeros((size, size), bool)
     n_footprints = int(rng.integers(1, _MAX_FOUNDATIONS[size] + 1))
     shrink = scale / np.sqrt(n_footprints)
@@ -193,7 +203,8 @@ def _build_foundations(
         low = max(3, round(0.2 * size * shrink))
         high = max(low, round(0.45 * size * shrink))
         height, width = (int(v) for v in rng.integers(low, high + 1, size=2))
-        # Keep a free tile to the spawn square and the border, and 3 tiles to other footprints.
+        # Keep a free tile to the spawn square, the free lane to the map's edge, and 3 tiles
+        # to other footprints.
         keep_out = _dilate(reserved, 1) | _dilate(dig, 3) | border
         origins = _free_window_origins(keep_out, height, width)
         if len(origins) == 0:
@@ -203,10 +214,11 @@ def _build_foundations(
         row, col = origins[rng.integers(len(origins))]
         dig[row : row + height, col : col + width] |= _footprint_mask(rng, height, width)
 
-    dump = _dump_band(dig, reserved, max_width=size // 4)
+    dump = _dump_band(dig, reserved, max_width=size // 4, lane=lane)
     if dump is None:
         return None
-    obstacles = _scatter_small_obstacles(rng, size, _dilate(dig | dump, 2) | reserved)
+    keep_clear = _dilate(dig, lane + 1) | _dilate(dump, 2) | reserved
+    obstacles = _scatter_small_obstacles(rng, size, keep_clear)
     target = np.where(dig, DIG_TILE, np.where(dump, DUMP_TILE, FREE_TILE)).astype(np.int8)
     return _Layout(target, obstacles, ~obstacles, spawn)
 
@@ -239,20 +251,23 @@ def _footprint_mask(rng: np.random.Generator, height: int, width: int) -> np.nda
     return mask
 
 
-def _dump_band(dig: np.ndarray, reserved: np.ndarray, max_width: int) -> np.ndarray | None:
-    """Dump zone one free tile away from `dig`, widened until it can take all the soil.
+def _dump_band(
+    dig: np.ndarray, reserved: np.ndarray, max_width: int, lane: int = 1
+) -> np.ndarray | None:
+    """Dump zone `lane` free tiles away from `dig`, widened until it can take all the soil.
 
     dig, reserved: bool [N, N]. Returns bool [N, N], or None if even max_width is too small.
     """
-    distance = _chebyshev_distance(dig, max_width + 1)
-    candidates = (distance >= 2) & (distance <= max_width + 1) & ~reserved
-    # area_by_width[w - 1] = dump area of a band of width w (distances 2 .. w + 1)
-    area_by_width = np.cumsum(np.bincount(distance[candidates], minlength=max_width + 2)[2:])
+    distance = _chebyshev_distance(dig, lane + max_width)
+    candidates = (distance > lane) & (distance <= lane + max_width) & ~reserved
+    # area_by_width[w - 1] = dump area of a band of width w (distances lane + 1 .. lane + w)
+    counts = np.bincount(distance[candidates], minlength=lane + max_width + 1)
+    area_by_width = np.cumsum(counts[lane + 1 :])
     dig_area = int(dig.sum())
     for ratio in (_GENEROUS_DUMP_RATIO, 1.0):
         wide_enough = np.flatnonzero(area_by_width >= ratio * dig_area)
         if len(wide_enough):
-            return candidates & (distance <= int(wide_enough[0]) + 2)
+            return candidates & (distance <= lane + 1 + int(wide_enough[0]))
     return None
 
 
@@ -337,8 +352,10 @@ def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
     dig = np.zeros((size, size), bool)
     dumpable = np.ones((size, size), bool)
     if HAS_DUMP_ZONES[type_name]:
-        dig[size - 4 : size - 2, size - 4 : size - 2] = True
-        dump = _dump_band(dig, reserved, max_width=1)
+        lane = _FREE_LANE[size] if type_name == "foundations" else 1
+        far = size - 2 - lane  # the free lane between the dig square and the map's edge
+        dig[far - 2 : far, far - 2 : far] = True
+        dump = _dump_band(dig, reserved, max_width=1, lane=lane)
         assert dump is not None
     elif type_name == "tiny_trenches":
         dig[size - 2, 1:4] = True

@@ -84,16 +84,17 @@ def solve(
     key: jax.Array,
     max_steps: int,
     plan_seed: int = 0,
+    time_limit: float | None = None,
 ) -> SolverResult:
     """Finishes map `map_index` of `params` with an agent of `agent_type` from the env's
     reset (spawn drawn from `key`), within `max_steps` actions if the planner can: plans
     in numpy, then applies every action with the jitted env step and checks each cycle's
-    outcome against the plan."""
+    outcome against the plan. `time_limit`: seconds of planner search, None for no limit."""
     _, step = jitted_env_functions(env)
     state = initial_state(env, params, map_index, agent_type, key)
     host = jax.device_get(state)
     planner = Planner(env.config, agent_type, host.target_map, host.obstacles)
-    plan = planner.plan(planner.state_of(host), max_steps, plan_seed)
+    plan = planner.plan(planner.state_of(host), max_steps, plan_seed, time_limit)
     actions, rewards, reason, completed = [], [], plan.reason, False
     for cycle, cycle_actions in zip(plan.cycles, plan.actions, strict=True):
         cycle_actions = cycle_actions[: max_steps - len(actions)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -119,6 +120,12 @@ class Planner:
         span = range(-radius, radius + 1)
         return self._spread(flat, [(dr, dc) for dr in span for dc in span], radius)
 
+    def _near(self, flat):
+        """bool [N * N]: positions whose arm ring (every sector of every heading) holds a
+        True tile. Poses elsewhere cannot touch those tiles, so the per-sector work skips
+        them: late in a task few positions are near what is left."""
+        return self._spread(flat, self.ring_offsets, int(np.ceil(self.reach_radius)))
+
     def _spread(self, flat, offsets, pad):
         """bool [N * N]: tiles at one of `offsets` (|offset| <= pad) from a True tile."""
         padded = np.pad(flat.reshape(self.size, self.size), pad)
@@ -197,6 +204,26 @@ class Planner:
         has a dump tile in one of its sectors (a zone tile on maps with zones). The deficit
         is how many more units must still be dumped than dump tiles in reach of reachable
         positions could take one each."""
+        (coverage,), deficit = self._sector_cover(action_map, dumpability, node)
+        return coverage, deficit
+
+    def blocked_reasons(self, action_map, dumpability, node) -> dict[str, int]:
+        """Why the undug targets out of reach from `node` (coverage 0) are: `cut off` (in no
+        sector of a reachable pose), `soil in the way` (only in sectors with soil that DO
+        would pick up first) or `no dump space` (in soil-free sectors of reachable poses only
+        where no sector of the pose has a free dump tile)."""
+        (usable, anywhere, clean), _ = self._sector_cover(action_map, dumpability, node, True)
+        blocked = (self.target == -1) & (action_map == 0) & (usable == 0)
+        return {
+            "cut off": int(np.sum(blocked & (anywhere == 0))),
+            "soil in the way": int(np.sum(blocked & (anywhere > 0) & (clean == 0))),
+            "no dump space": int(np.sum(blocked & (clean > 0))),
+        }
+
+    def _sector_cover(self, action_map, dumpability, node, breakdown=False):
+        """((usable sectors holding each undug target: see `coverage`, and with `breakdown`
+        also the sectors of reachable poses holding it and those of them without soil to pick
+        up first), each int [N * N]; dump deficit)."""
         dist, _, _ = shortest_paths(self.graph, node, self._free_poses(action_map))
         poses = np.unique(self.pose_of(np.flatnonzero(dist >= 0)))
         undug = (self.target == -1) & (action_map == 0)
@@ -205,12 +232,16 @@ class Planner:
             space &= self.target == 1
         soil = (action_map > 0) & self.pickable
         codes = self._ext(undug | soil << 1 | space << 2, 0).astype(np.uint8)
-        reach = self.reach[poses]
+        reach = self.reach[poses[self._near(undug)[poses // H]]]
         bits = np.bitwise_or.reduce(codes[reach], axis=-1)  # [R, 12]
         pose_has_space = (bits & 4).any(axis=-1, keepdims=True)
         soil_hides = 0 if self.dig_first else bits & 2
-        usable = (bits & 1 > 0) & (soil_hides == 0) & pose_has_space
-        coverage = np.bincount(reach[usable].ravel(), minlength=self.sentinel + 1)[:-1]
+        holds = bits & 1 > 0
+        clean = holds & (soil_hides == 0)
+        counts = tuple(
+            np.bincount(reach[sectors].ravel(), minlength=self.sentinel + 1)[:-1]
+            for sectors in (clean & pose_has_space, holds, clean)[: 3 if breakdown else 1]
+        )
         positions = np.zeros(self.sentinel, bool)
         positions[poses // H] = True
         demand = int(undug.sum())
@@ -218,7 +249,7 @@ class Planner:
             demand += int(np.sum(np.where(self.target == 1, 0, np.maximum(action_map, 0))))
         in_reach = self._spread(positions, self.ring_offsets, int(self.reach_radius))
         space_in_reach = int(np.sum(space & in_reach))
-        return coverage, max(0, demand - space_in_reach)
+        return counts, max(0, demand - space_in_reach)
 
     def _harm(self, action_map):
         """int [N * N + 1]: how much soil on each tile would be in the way of undug targets
@@ -250,10 +281,16 @@ class Planner:
         reached = np.flatnonzero(dist_nodes >= 0)
         order = np.lexsort((reached, dist_nodes[reached]))  # nearest node per pose first
         poses, first = np.unique(self.pose_of(reached[order]), return_index=True)
+        undug = (self.target == -1) & (action_map == 0)
+        # Only poses with an undug target (or misplaced soil) in reach can have a rate > 0.
+        worth_a_look = undug | (self.has_zones & (action_map > 0) & (self.target != 1))
+        if noise is not None:  # drawn for every reachable pose, as before the filter
+            noise_draw = noise.standard_normal((len(poses), H))
+        keep = self._near(worth_a_look)[poses // H]
+        poses, first = poses[keep], first[keep]
         pose_nodes = reached[order][first]
         dist = dist_nodes[pose_nodes]
         reach = self.reach[poses]  # [R, 12, K]
-        undug = (self.target == -1) & (action_map == 0)
         undug_count = self._ext(undug)[reach].sum(axis=-1)
         # Targets that few sectors can still dig are worth more: dig them while they can be.
         coverage, _ = self.coverage(action_map, dumpability, node)
@@ -277,7 +314,7 @@ class Planner:
         spent = dist[:, None] + cabin_turn_count + 2
         rate = np.where(value > 0, value / spent, -1.0)
         if noise is not None:  # a search that backjumped tries other orders
-            rate = rate * np.exp(BACKJUMP_NOISE * noise.standard_normal(rate.shape))
+            rate = rate * np.exp(BACKJUMP_NOISE * noise_draw[keep])
         harm = self._harm(action_map)
         groups = []
         for index in np.argsort(-rate, axis=None, kind="stable")[:takes]:
@@ -376,14 +413,23 @@ class Planner:
             return False
         return not (self.has_zones and np.any((action_map > 0) & (self.target != 1)))
 
-    def plan(self, state: PlanState, max_steps: int, seed: int = 0) -> Plan:
+    def plan(self, state: PlanState, max_steps: int, seed: int = 0,
+             time_limit: float | None = None) -> Plan:
         """Cycles from `state` until the task is done, searching with backjumps: when no
         safe cycle is left, the plan goes back 1, 1, 2, 2, 4, ... cycles and continues with
-        noisy candidate rates; after `MAX_BACKJUMPS`, unsafe cycles are accepted."""
+        noisy candidate rates; after `MAX_BACKJUMPS`, unsafe cycles are accepted. With
+        `time_limit` (seconds), the search stops there, with the plan so far."""
         rng = np.random.default_rng(seed)
         states, cycles, actions = [state], [], []
         backjumps, noise = 0, None
+        deadline = None if time_limit is None else time.monotonic() + time_limit
         while not self.finished(states[-1].action_map):
+            if deadline is not None and time.monotonic() >= deadline:
+                last = states[-1]
+                blocked, deficit = self.blocked(last.action_map, last.dumpability, last.node)
+                return Plan(cycles, actions, f"time limit of {time_limit:g} s after "
+                            f"{backjumps} backjumps: {blocked} targets out of reach, "
+                            f"dump deficit {deficit}")
             cycle, paths, safe = self.choose(states[-1], noise, backjumps >= MAX_BACKJUMPS)
             idle = sum(1 for _ in itertools.takewhile(lambda c: c.gain == 0, cycles[::-1]))
             ok = safe and (cycle.gain > 0 or idle < RELOCATIONS_IN_A_ROW)

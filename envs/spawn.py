@@ -76,24 +76,45 @@ def sample_map_index(config: EnvConfig, level_map_types: np.ndarray | None, key:
     return params.maps_of_type[map_type, jax.random.randint(key, (), 0, count)]
 
 
+def room_to_manoeuvre(config: EnvConfig) -> float:
+    """Radius of the disk a spawn keeps clear of obstacles and the map's edge: every
+    heading's footprint, at the spawn and one base move away (`EnvConfig.move_step`, the
+    longest rounded displacement), lies inside it, so the excavator can turn and drive from
+    where it starts. A spawn that only fits its footprint can be boxed in: on 64x64 trench
+    maps a tracked excavator spawned between an obstacle and the map's edge could neither turn
+    nor move, an episode lost before its first step (docs/RESULTS.md)."""
+    steps = geo.move_displacements(config.move_step)
+    return float(config.footprint_radius + np.sqrt((steps.astype(np.float64) ** 2).sum(-1)).max())
+
+
 def spawn_pose(config: EnvConfig, extents: np.ndarray, key_spawn, key_heading, key_fallback,
                target_map, obstacles, fallback_pose) -> tuple[jax.Array, jax.Array]:
-    """A valid (pos int32 [2], heading int32 []): the first free one of
-    `config.spawn_candidates` random candidates, else the map's guaranteed spawn square
-    `fallback_pose`. Bounded work, no while loop. `extents`: `geometry.footprint_extents`."""
+    """A valid (pos int32 [2], heading int32 []): the first of `config.spawn_candidates`
+    random candidates whose footprint is free of targets and obstacles and whose disk of
+    `room_to_manoeuvre` lies on the map, free of obstacles; else the map's guaranteed spawn
+    square `fallback_pose`. Bounded work, no while loop. `extents`:
+    `geometry.footprint_extents`."""
     cfg = config
     count = cfg.spawn_candidates
     lo = int(extents.max())
     rows_cols = jax.random.randint(key_spawn, (count, 2), lo, cfg.map_size - lo)
     headings = jax.random.randint(key_heading, (count,), 0, geo.NUM_HEADINGS)
     free = (obstacles == 0) & (target_map == 0)
-    radius = int(np.ceil(cfg.footprint_radius))
+    room = room_to_manoeuvre(cfg)
+    radius = int(np.floor(room))  # the disk's farthest row or column offset
+    span = np.arange(-radius, radius + 1)
+    disk = span[:, None] ** 2 + span[None, :] ** 2 <= room**2  # [2r + 1, 2r + 1]
 
     def is_valid(pos, heading):
         window = geo.make_window(pos, cfg.map_size, radius)
         covered = geo.footprint_mask(cfg, window, heading)
         on_map = geo.footprint_in_map(extents, pos, heading, cfg.map_size)
-        return on_map & ~jnp.any(covered & ~geo.crop(free, window))
+        footprint_free = on_map & ~jnp.any(covered & ~geo.crop(free, window))
+        # The window is clamped into the map: where the disk reaches past an edge, it is
+        # not clear; elsewhere the window is centred on `pos` and the disk lines up with it.
+        inside = jnp.all((pos - radius >= 0) & (pos + radius <= cfg.map_size - 1))
+        clear = ~jnp.any(jnp.asarray(disk) & (geo.crop(obstacles, window) != 0))
+        return footprint_free & inside & clear
 
     valid = jax.vmap(is_valid)(rows_cols, headings)
     first = jnp.argmax(valid)

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row.category:24s} progress {row.progress:.2f} steps {row.steps:3d} "
                   f"last progress {row.last_progress_step:3d} solver {row.solver_steps:4d} "
                   f"| {loop}", flush=True)
+            if row.blocked_reasons:
+                print("         out of reach: " + ", ".join(
+                    f"{name} {count}" for name, count in row.blocked_reasons.items()), flush=True)
     counts = summarize(rows)
     for category, count in counts.items():
         print(f"{count:4d}  {category}")

@@ -12,7 +12,11 @@ solved from the env's reset with key fold_in(PRNGKey(seed), i).
 With `--eval-pool PRESET` the maps are that preset's held-out eval pool instead (its
 `eval_map_seed`, held out from its training pool), each solved from the spawn the preset's
 one-device eval draws for it, by that env's agent type: `--count` maps per (map type, agent
-type) group; `--map-size`, `--map-types`, `--seed` and `--agent` are the preset's.
+type) group; `--map-size` and `--seed` are the preset's, and `--map-types` and `--agent`, when
+given, pick some of its groups (to split a long sample over processes).
+
+`--time-limit S` stops the planner's search on a map after S seconds; the map is then reported
+unsolved with the blocked targets of the plan's last state.
 
 Prints, per map type and agent type, the solved share, steps to completion (median, p90,
 max), the solver's mean episode return and the run time, then every unsolved map with the
@@ -43,10 +47,17 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv):
     parser = _Parser(prog="solve_maps.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--map-size", type=int, default=16)
-    parser.add_argument("--map-types", default="trenches,foundations")
+    parser.add_argument("--map-types", default=None,
+                        help="comma-separated (default trenches,foundations; with --eval-pool "
+                             "the preset's)")
     parser.add_argument("--count", type=int, default=32, help="maps per map type")
+    parser.add_argument("--start", type=int, default=0,
+                        help="with --eval-pool: skip each group's first START maps (to split "
+                             "or resume a long sample)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--agent", choices=sorted(AGENTS), default="both")
+    parser.add_argument("--time-limit", type=float, default=0.0, metavar="S",
+                        help="seconds of planner search per map (default 0: no limit)")
     parser.add_argument("--max-steps", type=int, default=1000)
     parser.add_argument("--json", type=Path, default=None, help="write per-map results here")
     parser.add_argument("--eval-pool", default="", metavar="PRESET",
@@ -59,14 +70,20 @@ def parse_args(argv):
             parser.error(f"--eval-pool {args.eval_pool}: choose a preset of {sorted(PRESETS)}")
     from envs.maps import MAP_TYPES, VALID_MAP_SIZES
 
-    args.map_types = tuple(name.strip() for name in args.map_types.split(",") if name.strip())
+    args.map_types_given = args.map_types is not None
+    args.map_types = tuple(
+        name.strip() for name in (args.map_types or "trenches,foundations").split(",")
+        if name.strip()
+    )
     unknown = [name for name in args.map_types if name not in MAP_TYPES]
     if unknown or not args.map_types:
         parser.error(f"--map-types {unknown or '(empty)'}: choose from {', '.join(MAP_TYPES)}")
     if args.map_size not in VALID_MAP_SIZES:
         parser.error(f"--map-size {args.map_size}: choose from {VALID_MAP_SIZES}")
-    if args.count < 1 or args.max_steps < 1 or args.seed < 0:
-        parser.error("--count and --max-steps must be >= 1 and --seed >= 0")
+    if (args.count < 1 or args.max_steps < 1 or args.seed < 0 or args.time_limit < 0
+            or not 0 <= args.start < args.count):
+        parser.error("--count and --max-steps must be >= 1, --seed and --time-limit >= 0, "
+                     "and --start in 0..count-1")
     if args.json is not None and not args.json.parent.exists():
         parser.error(f"--json {args.json}: directory {args.json.parent} does not exist")
     return args
@@ -80,6 +97,7 @@ class EvalPool:
         import dataclasses
 
         from envs import ExcavationEnv
+        from envs.maps import MAP_TYPES
         from terra_rl.analysis.eval_spawns import eval_episodes
         from terra_rl.config import get_preset
 
@@ -90,10 +108,17 @@ class EvalPool:
         self.params = pool.env.params
         args.seed = preset.seed
         self.episodes = []
-        for agent_type in sorted(set(pool.agent_types.tolist())):
-            for map_type in sorted(set(pool.map_types.tolist())):
+        agent_types = sorted(set(pool.agent_types.tolist()) & set(AGENTS[args.agent]))
+        map_types = sorted(set(pool.map_types.tolist()))
+        if args.map_types_given:
+            map_types = [t for t in map_types if MAP_TYPES[t] in args.map_types]
+        if not agent_types or not map_types:
+            raise SystemExit(f"solve_maps.py: error: --eval-pool {args.eval_pool} has no "
+                             f"{'/'.join(args.map_types)} maps for --agent {args.agent}")
+        for agent_type in agent_types:
+            for map_type in map_types:
                 group = (pool.agent_types == agent_type) & (pool.map_types == map_type)
-                for index in np.flatnonzero(group)[: args.count]:
+                for index in np.flatnonzero(group)[args.start : args.count]:
                     self.episodes.append((int(agent_type), int(index), pool.keys[index]))
 
 
@@ -121,7 +146,8 @@ def main(argv=None) -> int:
     records = []
     for agent_type, index, key in episodes:
         started = time.perf_counter()
-        result = solver.solve(env, params, index, agent_type, key, args.max_steps)
+        result = solver.solve(env, params, index, agent_type, key, args.max_steps,
+                              time_limit=args.time_limit or None)
         records.append(
             {
                 "map_index": index,

@@ -1,7 +1,7 @@
 """The ops that take a `jax.profiler` trace's device time, named by the source line that made them.
 
-    .venv/bin/python scripts/profile_rollout_components.py --config cpu_demo --trace /tmp/trace
-    .venv/bin/python scripts/trace_top_ops.py /tmp/trace --updates 3 --top 25
+    .venv/bin/python scripts/profile_rollout_components.py --config cpu_demo --trace trace
+    .venv/bin/python scripts/trace_top_ops.py trace --updates 3 --top 25
 
 Reads the newest `*.trace.json.gz` under TRACE_DIR and, when the profiler wrote one,
 `update.hlo.txt` (the compiled update's HLO, beside the trace). Each device op event (an event

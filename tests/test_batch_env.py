@@ -30,6 +30,38 @@ def test_reset_spawns_valid_poses(env16, params16):
     ):
         blocked = (obstacles == 1) | (target != 0)
         assert footprint_is_free(cfg.footprint_length, cfg.footprint_width, pos, heading, blocked)
+        assert _room_is_clear(cfg, pos, obstacles)
+
+
+def _room_is_clear(cfg, pos, obstacles) -> bool:
+    """Every tile within `room_to_manoeuvre` of pos is on the map and free of obstacles."""
+    from envs.spawn import room_to_manoeuvre
+
+    room, n = room_to_manoeuvre(cfg), obstacles.shape[0]
+    rows, cols = np.mgrid[:n, :n]
+    near = (rows - pos[0]) ** 2 + (cols - pos[1]) ** 2 <= room**2
+    reach = int(np.floor(room))
+    on_map = reach <= pos[0] < n - reach and reach <= pos[1] < n - reach
+    return on_map and not obstacles[near].any()
+
+
+def test_spawns_leave_room_to_turn_and_drive(env16):
+    """Obstacle walls every 3 columns: the 1-tile-wide footprint fits in the corridors
+    between them, but an excavator there could not turn. Every spawn is then in the map's
+    clear square, never in a corridor."""
+    obstacles = np.zeros((1, 16, 16), np.int8)
+    obstacles[0, :, 2::3] = 1
+    obstacles[0, 5:12, 5:12] = 0  # the spawn square, clear
+    target = np.zeros((1, 16, 16), np.int8)
+    target[0, 1, 1] = -1
+    maps = MapSet(target, obstacles, 1 - obstacles, np.zeros(1, np.int8),
+                  np.array([[8, 8]], np.int32))
+    params = params_from_maps(maps)
+    keys = jax.random.split(jax.random.PRNGKey(2), 64)
+    _, states = jax.jit(jax.vmap(env16.reset, in_axes=(0, None)))(keys, params)
+    positions = np.asarray(states.agent.pos)
+    assert ((positions >= 5) & (positions <= 11)).all(), positions
+    assert all(_room_is_clear(env16.config, pos, obstacles[0]) for pos in positions)
 
 
 def test_spawn_falls_back_to_the_guaranteed_square(env16):

@@ -67,7 +67,7 @@ def test_other_presets():
 
 
 def test_cpu_small_maps_is_cpu_demo_with_the_documented_flags():
-    """docs/RESULTS.md's runs of item 7 used `cpu_demo` and these flags; the preset is them."""
+    """docs/RESULTS.md's 16x16 runs used `cpu_demo` and these flags; the preset is them."""
     args = parse_train_args(
         ["--config", "cpu_demo", "--map_types", "trenches,foundations", "--curriculum", "",
          "--wheeled_fraction", "0.5", "--enable_mask_dump_outside_zones",

@@ -57,12 +57,14 @@ def test_gymnax_comes_up_without_its_plotting_libraries():
         import sys
         from terra_rl.adapters.gymnax_env import GymnaxBatchEnv
         plotting = ("seaborn", "pandas", "scipy", "matplotlib", "matplotlib.pyplot")
-        loaded = [m for m in plotting if m in sys.modules]
-        assert not loaded, loaded
+        def loaded():  # read again at every call: what is imported now
+            return [m for m in plotting if m in sys.modules]
+        assert not loaded(), loaded()
         env = GymnaxBatchEnv("CartPole-v1", 2)
-        assert env.num_actions == 2 and not loaded
-        from gymnax.environments.misc import pong
+        from gymnax.environments.misc import pong  # a module that imports all of them
+        assert env.num_actions == 2 and not loaded(), loaded()
         palette = pong.sns.color_palette("husl", 3)  # a renderer's first use loads seaborn
+        assert "seaborn" in loaded()
         import seaborn
         assert len(palette) == 3 and pong.sns.color_palette is seaborn.color_palette
         import matplotlib.colors

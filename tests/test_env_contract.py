@@ -66,14 +66,45 @@ def test_the_adapter_implements_the_protocol(env):
     assert env.max_steps >= 1 and isinstance(env.has_success, bool)
 
 
-def test_the_observation_spec_is_what_reset_returns(env, rollout):
+def documented_observation(env) -> dict[str, tuple[tuple[int, ...], np.dtype]] | tuple:
+    """The observation each adapter documents, written out here: the excavation env's dict
+    (envs/env.py, envs/state.py: int8 maps, the 12 sectors x 6 layers of local maps, the
+    last `num_last_actions` actions) or CartPole's 4 float32 features."""
+    n = env.num_envs
+    if not hasattr(env, "batch_env"):
+        return ((n, 4), np.dtype(np.float32))
+    config = env.batch_env.env.config
+    size = config.map_size
+    maps = {name: ((n, size, size), np.dtype(np.int8))
+            for name in ("target_map", "action_map", "obstacles", "dumpability")}
+    return {
+        **maps,
+        "agent_state": ((n, 6), np.dtype(np.int32)),
+        "agent_type": ((n,), np.dtype(np.int32)),
+        "local_maps": ((n, 12, 6), np.dtype(np.int16)),
+        "last_actions": ((n, config.num_last_actions), np.dtype(np.int32)),
+        "action_mask": ((n, env.num_actions), np.dtype(np.bool_)),
+    }
+
+
+def as_documented(tree):
+    if isinstance(tree, dict):
+        return {name: (tuple(leaf.shape), np.dtype(leaf.dtype)) for name, leaf in tree.items()}
+    return (tuple(tree.shape), np.dtype(tree.dtype))
+
+
+def test_the_observation_spec_is_the_documented_observation(env, rollout):
+    """The spec (traced, never run) says what the documentation says, and so does every
+    observation the env emits: after the reset, after every step and before every reset."""
     spec = env.observation_spec()
-    first_obs, _ = rollout
-    assert jax.tree.structure(spec) == jax.tree.structure(first_obs)
-    for leaf_spec, leaf in zip(jax.tree.leaves(spec), jax.tree.leaves(first_obs), strict=True):
-        assert isinstance(leaf_spec, jax.ShapeDtypeStruct)
-        assert leaf_spec.shape == leaf.shape and leaf_spec.shape[0] == env.num_envs
-        assert leaf_spec.dtype == leaf.dtype
+    assert all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(spec))
+    assert as_documented(spec) == documented_observation(env)
+    first_obs, records = rollout
+    assert as_documented(first_obs) == as_documented(spec)
+    result = records["result"]
+    for emitted in (result.observation, result.final_observation):
+        per_step = jax.tree.map(lambda x: x[0], emitted)  # [NUM_STEPS, ...] -> one step
+        assert as_documented(per_step) == as_documented(spec)
 
 
 def test_step_results_keep_the_contract(env, rollout):

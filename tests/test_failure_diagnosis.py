@@ -83,3 +83,37 @@ def test_a_load_whose_every_dump_the_mask_forbids_is_told_apart():
     assert not dumps_masked(yielding, build(yielding, loaded=10, **maps))
     assert not dumps_masked(no_rule, build(no_rule, loaded=10, **maps))
     assert not dumps_masked(rule, build(rule, loaded=0, **maps))
+
+
+def blocked_reasons(target, obstacles, dumpability, action_map=None, **config):
+    planner = Planner(EnvConfig(map_size=N, max_steps=300, **config), TRACKED, target, obstacles)
+    state = final_state(target, obstacles, dumpability)
+    if action_map is not None:
+        state.action_map = action_map
+    start = planner.state_of(state)
+    return planner.blocked_reasons(start.action_map, start.dumpability, start.node)
+
+
+def test_blocked_reasons_name_why_each_target_is_out_of_reach():
+    nothing = {"cut off": 0, "soil in the way": 0, "no dump space": 0}
+    assert blocked_reasons(*open_map((8, 12))) == nothing  # in reach, with dump space
+
+    target, obstacles, dumpability = open_map((0, 0))
+    obstacles[:6, :6] = 1
+    obstacles[0, 0] = 0
+    dumpability[obstacles == 1] = 0
+    assert blocked_reasons(target, obstacles, dumpability) == {**nothing, "cut off": 1}
+
+    target, obstacles, _ = open_map((8, 12))
+    no_dump_tile = np.zeros((N, N), np.int8)
+    assert blocked_reasons(target, obstacles, no_dump_tile) == {**nothing, "no dump space": 1}
+
+    # A zone map with drivable misplaced soil on every other tile: every sector holding the
+    # target holds soil, which DO picks up first unless the rule digs first.
+    target, obstacles, dumpability = open_map((8, 12))
+    target[15, 0] = 1
+    soil = np.where(target == 0, 1, 0).astype(np.int8)
+    reasons = blocked_reasons(target, obstacles, dumpability, soil, dig_before_pickup=False)
+    assert reasons == {**nothing, "soil in the way": 1}
+    assert blocked_reasons(target, obstacles, dumpability, soil) == {**nothing,
+                                                                     "no dump space": 1}

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from envs.config import EnvConfig
 from envs.dataset import DatasetError, load_map_dataset, save_map_dataset, validate_map_set
 from envs.maps import (
     MAP_TYPES,
@@ -61,6 +62,14 @@ def _assert_invariants(maps: MapSet, clearance: int) -> None:
     dig_area, dump_area = dig.sum(axis=(1, 2)), dump.sum(axis=(1, 2))
     assert (dump_area[foundations] >= dig_area[foundations]).all()
     assert not (dump & _near(dig, 1))[foundations].any(), "dump zone must be 1 tile from dig"
+    # A lane as wide as the excavator stays free round foundations: no zone (soil goes on
+    # zones only, so no pile can close it), no obstacle, no footprint at the map's edge.
+    lane = EnvConfig(map_size=n).footprint_width
+    edge = np.ones((n, n), bool)
+    edge[lane:-lane, lane:-lane] = False
+    assert not (dump & _near(dig, lane))[foundations].any()
+    assert not (obstacle & _near(dig, lane))[foundations].any()
+    assert not (dig & edge)[foundations].any()
     assert (dump_area[trenches] == 0).all()
     # every trench map has a no-dump patch, and the soil fits on the dumpable free tiles
     no_dump = (maps.dumpability == 0) & ~obstacle
@@ -316,3 +325,16 @@ def test_dataset_error_is_one_line_in_both_forms():
     assert str(DatasetError("/data/x.npy", "bad\nvalue")) == "/data/x.npy: bad value"
     assert str(DatasetError("pool has\nno maps")) == "pool has no maps"
     assert issubclass(DatasetError, ValueError)
+
+
+@pytest.mark.parametrize("size", VALID_MAP_SIZES)
+def test_the_fallback_foundation_keeps_the_free_lane(size):
+    from envs.maps import _fallback_layout
+
+    layout = _fallback_layout("foundations", size, default_spawn_clearance(size))
+    lane = EnvConfig(map_size=size).footprint_width
+    dig, dump = layout.target == -1, layout.target == 1
+    assert dig.sum() == 4 and dump.sum() >= 4
+    assert not (dump & _near(dig[None], lane)[0]).any()
+    assert not dig[:lane].any() and not dig[-lane:].any()
+    assert not dig[:, :lane].any() and not dig[:, -lane:].any()

@@ -111,5 +111,9 @@ def test_script_writes_a_png_with_the_panels_that_have_data(runs, tmp_path, caps
         script.main([str(tmp_path / "nowhere"), "--out", str(out)])
     assert error.value.code == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as error:
         script.main([str(runs[0]), "--out", str(tmp_path / "curves.pdf")])
+    assert error.value.code == 2
+    assert f"--out must name a .png file, got {tmp_path / 'curves.pdf'}" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "curves.pdf").exists()

@@ -143,7 +143,8 @@ def test_log_prob_and_entropy_equal_distrax_on_masked_float32_logits():
     our log-probs and entropies and the log-probs' gradients equal `distrax.Categorical`'s
     bit for bit, the entropy's gradient to float32 rounding, and the masked actions'
     probabilities are exactly 0."""
-    distrax = pytest.importorskip("distrax")
+    # Imported here, never skipped: a missing or broken distrax (or its tfp) fails this test.
+    import distrax
     raw = jax.random.normal(jax.random.PRNGKey(3), (32, 6), jnp.bfloat16) * 6.0
     mask = jax.random.bernoulli(jax.random.PRNGKey(4), 0.6, (32, 6)).at[:, 0].set(True)
     mask = mask.at[5].set(False)  # no allowed action: the fallback keeps it finite

@@ -1,18 +1,19 @@
 """Real signals to real `train_mixed.py` processes (issue: runs that survive preemption).
 
 One run is stopped by SIGTERM, then killed with SIGKILL while it compiles and again while it
-trains (as soon as a checkpoint is being written, when one is seen), and resumed after each.
-It must end bit-identical to an uninterrupted run of the same seed, with every update logged
-exactly once in metrics.jsonl. The processes use the tiny config of tests/test_trainer.py
-(cpu_demo's maps on 4 CPU devices, without the env's costly inputs: `PLAIN_ENV_FLAGS`) and
-the suite's compilation cache, so only the first compiles.
+writes a checkpoint, and resumed after each. It must end bit-identical to an uninterrupted
+run of the same seed, with every update logged exactly once in metrics.jsonl. The processes
+use the tiny config of tests/test_trainer.py (cpu_demo's maps on 4 CPU devices, without the
+env's costly inputs: `PLAIN_ENV_FLAGS`) and the suite's compilation cache, so only the first
+compiles. The interrupted processes run through `tests/gated_train.py`, which holds each at
+a named point until the test has sent its signal: no signal depends on how long a compile
+or an update takes.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 
-from terra_rl.cli.main import EXIT_STOPPED, StopRequest
+from terra_rl.cli.main import EXIT_STOPPED, STOP_SIGNALS, StopRequest
 from terra_rl.run.checkpointing import CheckpointStore
 from terra_rl.run.logger import read_metrics
 from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
@@ -50,11 +52,25 @@ def train_flags(runs_dir: Path, run_name: str) -> list[str]:
                     "--log_eval_interval", "4", "--checkpoint_interval", "2"]
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
+def start(args: list[str], log: Path, gates: tuple[str, ...] = (),
+          gate_dir: Path | None = None) -> subprocess.Popen:
+    """train_mixed.py, or with `gates` tests/gated_train.py holding it at each gate."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # XLA_FLAGS: conftest's 4 CPU devices
+    script = REPO / "train_mixed.py"
+    if gates:
+        script = REPO / "tests" / "gated_train.py"
+        env.update(TERRA_TEST_GATES=",".join(gates), TERRA_TEST_GATE_DIR=str(gate_dir))
     with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, str(REPO / "train_mixed.py"), *args],
+        return subprocess.Popen([sys.executable, str(script), *args],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def reached(gate_dir: Path, gate: str) -> bool:
+    return (gate_dir / f"{gate}.reached").exists()
+
+
+def release(gate_dir: Path, gate: str) -> None:
+    (gate_dir / f"{gate}.release").touch()
 
 
 def logged_updates(run_dir: Path) -> list[int]:
@@ -84,48 +100,56 @@ def without_timings(record: dict) -> dict:
             if not k.startswith("performance/") and k != "wall_time"}
 
 
+@pytest.mark.timeout(1800)  # five train_mixed.py processes, one compiling cold
 def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path):
     # Every run is its own process, so that all compile once, into the persistent cache.
     straight_log = tmp_path / "straight.log"
     assert start(train_flags(tmp_path, "straight"), straight_log).wait(timeout=600) == 0, \
         straight_log.read_text()[-3000:]
     run_dir, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
-    rng = random.Random(0)
     resume = ["--resume", str(run_dir), "--compilation_cache_dir",
               jax.config.jax_compilation_cache_dir or ""]
 
-    # SIGTERM while training: the update in flight is logged and checkpointed, exit 75.
-    process = start(train_flags(tmp_path, "interrupted"), log)
-    wait_for(lambda: len(logged_updates(run_dir)) >= 3, process, "update 3")
+    # SIGTERM while training, held after update 3's dispatch (and the eval's background
+    # compile, so the baseline eval is logged): update 3 is logged and checkpointed (off the
+    # checkpoint interval), exit 75.
+    gates = tmp_path / "gates_sigterm"
+    gates.mkdir()
+    process = start(train_flags(tmp_path, "interrupted"), log, ("update_3",), gates)
+    wait_for(lambda: reached(gates, "update_3"), process, "update 3")
     process.send_signal(signal.SIGTERM)
+    wait_for(lambda: "SIGTERM received" in log.read_text(), process, "the SIGTERM handler")
+    release(gates, "update_3")
     assert process.wait(timeout=120) == EXIT_STOPPED, log.read_text()
     stopped_at = logged_updates(run_dir)[-1]
-    assert 3 <= stopped_at < UPDATES
+    assert stopped_at == 3 and logged_updates(run_dir) == [1, 2, 3]
     assert CheckpointStore(run_dir / "checkpoints", read_only=True).latest_step() == stopped_at
-    assert "SIGTERM received" in log.read_text()
+    assert "stop requested: checkpointed update 3 of 8" in log.read_text()
 
-    # kill -9 while the resumed process compiles: it has restored the checkpoint and logged
-    # so, and compiling its update takes seconds even from the cache.
+    # kill -9 while the resumed process compiles: it has restored the checkpoint, rewritten
+    # the run directory (config, metrics cut to the checkpoint, the manifest's resume
+    # record) and logged so, and is held where its update starts to compile.
+    gates = tmp_path / "gates_compile"
+    gates.mkdir()
     resumes_logged = log.read_text().count("resumed at update")
-    process = start(resume, log)
-    wait_for(lambda: log.read_text().count("resumed at update") > resumes_logged, process,
-             "the resume to restore")
-    time.sleep(rng.uniform(0.0, 0.5))
+    process = start(resume, log, ("compile",), gates)
+    wait_for(lambda: reached(gates, "compile"), process, "the update's compile")
+    assert log.read_text().count("resumed at update") == resumes_logged + 1
     process.kill()
     assert process.wait(timeout=60) == -signal.SIGKILL
     assert "update compiled" not in log.read_text().split("resumed at update")[-1]
+    assert logged_updates(run_dir) == [1, 2, 3]
 
-    # kill -9 while it trains: as soon as a checkpoint is being written (orbax's temporary
-    # directory exists), else within a second of the first resumed update.
-    process = start(resume, log)
-    wait_for(lambda: logged_updates(run_dir)[-1] > stopped_at, process, "a resumed update")
-    deadline = time.monotonic() + rng.uniform(0.2, 1.0)
-    while time.monotonic() < deadline and process.poll() is None:
-        if any((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")):
-            break
-        time.sleep(0.002)
+    # kill -9 while it writes its first checkpoint (update 4): orbax's temporary directory
+    # exists, the checkpoint is not complete.
+    gates = tmp_path / "gates_checkpoint"
+    gates.mkdir()
+    process = start(resume, log, ("checkpoint",), gates)
+    wait_for(lambda: reached(gates, "checkpoint"), process, "a checkpoint's write")
+    assert list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
     process.kill()
     assert process.wait(timeout=60) == -signal.SIGKILL
+    assert CheckpointStore(run_dir / "checkpoints", read_only=True).latest_step() == stopped_at
 
     process = start(resume, log)
     assert process.wait(timeout=300) == 0, log.read_text()[-3000:]
@@ -144,20 +168,29 @@ def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path):
 
 
 def test_stop_request_catches_sigterm_and_sigusr1_and_ignores_repeats(capsys):
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        stop = StopRequest()
-        stop.install()
-        try:
-            assert not stop()
-            os.kill(os.getpid(), signum)
-            os.kill(os.getpid(), signal.SIGTERM)  # a repeat neither kills nor renames
-            assert stop() and stop.signal_name == signal.Signals(signum).name
-        finally:
-            stop.restore()
-        assert signal.getsignal(signum) is signal.SIG_DFL or callable(signal.getsignal(signum))
-        assert signal.getsignal(signum) != stop._handle
-        err = capsys.readouterr().err
-        assert err.count("received: stopping after the current update") == 1
+    """Installed, it takes both signals (the first names the stop); restored, each signal
+    has again the handler it had before."""
+    earlier_calls = []
+    before = {signum: (lambda s, frame: earlier_calls.append(s)) for signum in STOP_SIGNALS}
+    originals = {signum: signal.signal(signum, before[signum]) for signum in STOP_SIGNALS}
+    try:
+        for signum in STOP_SIGNALS:
+            stop = StopRequest()
+            stop.install()
+            try:
+                assert not stop()
+                os.kill(os.getpid(), signum)
+                os.kill(os.getpid(), signal.SIGTERM)  # a repeat neither kills nor renames
+                assert stop() and stop.signal_name == signal.Signals(signum).name
+            finally:
+                stop.restore()
+            assert {s: signal.getsignal(s) for s in STOP_SIGNALS} == before
+            err = capsys.readouterr().err
+            assert err.count("received: stopping after the current update") == 1
+        assert earlier_calls == []
+    finally:
+        for signum, handler in originals.items():
+            signal.signal(signum, handler)
 
 
 # `cli()` with `main` replaced: it starts a background "compile" that would hold the process

@@ -48,11 +48,35 @@ def test_create_run_dir_writes_layout_and_sorted_indented_config(tmp_path):
     assert text == json.dumps(CONFIG, indent=2, sort_keys=True) + "\n"
 
 
-def test_manifest_contents_and_types(tmp_path, monkeypatch):
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                           "-c", "commit.gpgsign=false", *args],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """The package seen from a git checkout of one commit (`run_dir.py`'s location decides
+    which checkout `git_state` reads): (checkout, its commit)."""
+    repo = tmp_path / "checkout"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "run_dir.py").write_text("# stand-in\n")
+    git(tmp_path, "init", "-q", str(repo))
+    git(repo, "add", "pkg/run_dir.py")
+    git(repo, "commit", "-q", "-m", "one")
+    monkeypatch.setattr(run_dir_module, "__file__", str(repo / "pkg" / "run_dir.py"))
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def test_manifest_contents_and_types(tmp_path, monkeypatch, checkout):
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_autotune_level=0")
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.delenv("DATASET_PATH", raising=False)
-    path = create_run_dir(tmp_path, "r1", CONFIG, ARGV)
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU 9000\n"
+                       "flags\t\t: fpu avx2 fma avx512f\n")
+    monkeypatch.setattr(run_dir_module.cpu_info, "__defaults__", (str(cpuinfo),))
+    path = create_run_dir(tmp_path / "runs", "r1", CONFIG, ARGV)
     manifest = json.loads((path / MANIFEST_FILE).read_text())
 
     assert manifest["argv"] == ARGV
@@ -65,14 +89,18 @@ def test_manifest_contents_and_types(tmp_path, monkeypatch):
     ]
     assert manifest["process_count"] == jax.process_count()
     assert isinstance(manifest["hostname"], str) and manifest["hostname"]
-    assert manifest["cpu"] == cpu_info() and manifest["cpu"]["model"]
+    assert manifest["cpu"] == {"model": "Test CPU 9000", "isa": ["avx2", "fma", "avx512f"]}
     started = datetime.datetime.fromisoformat(manifest["start_time"])
     assert started.tzinfo is not None
     assert manifest["env"] == {"XLA_FLAGS": "--xla_gpu_autotune_level=0", "SLURM_JOB_ID": "4242"}
-    commit, dirty = manifest["git_commit"], manifest["git_dirty"]
-    assert (commit, dirty) == git_state()
-    if commit is not None:
-        assert re.fullmatch(r"[0-9a-f]{40}", commit) and isinstance(dirty, bool)
+    repo, commit = checkout
+    assert re.fullmatch(r"[0-9a-f]{40}", commit)
+    assert (manifest["git_commit"], manifest["git_dirty"]) == (commit, False)
+    # An untracked file can change what runs: the checkout is dirty.
+    (repo / "pkg" / "extra.py").write_text("x = 1\n")
+    path = create_run_dir(tmp_path / "runs", "r2", CONFIG, ARGV)
+    manifest = json.loads((path / MANIFEST_FILE).read_text())
+    assert (manifest["git_commit"], manifest["git_dirty"]) == (commit, True)
 
 
 def test_cpu_info_names_the_model_and_the_instruction_sets(tmp_path):

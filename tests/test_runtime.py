@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from terra_rl.choices import PRECISIONS
+from terra_rl.nets.precision import compute_dtype
 from terra_rl.ops import cuda_libs, preflight_types, runtime, runtime_checks, runtime_cli
 from terra_rl.ops.preflight_types import FAIL, PASS, SKIP, PreflightOptions, PreflightState
 
@@ -294,6 +294,26 @@ def test_bad_flags_exit_2_with_one_line(args, message, capsys):
     assert len(err.splitlines()) == 1 and message in err
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16"])
+def test_the_preflight_takes_each_precision_the_trainer_takes(precision):
+    """The three compute dtypes of the precision policy (docs/MODEL.md), named here rather
+    than read from the list both sides import."""
+    options, _ = runtime_cli.parse_options(["--precision", precision])
+    assert options.precision == precision
+    assert compute_dtype(precision) == jnp.dtype(precision)
+
+
+@pytest.mark.parametrize("precision", ["float64", "fp16", "half", "int8"])
+def test_the_preflight_refuses_each_precision_the_trainer_refuses(precision, capsys):
+    with pytest.raises(ValueError, match="precision must be one of"):
+        compute_dtype(precision)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime_cli.parse_options(["--precision", precision])
+    assert exit_info.value.code == 2
+    assert f"--precision must be one of ['float32', 'bfloat16', 'float16'], got " \
+        f"'{precision}'" in capsys.readouterr().err
+
+
 def test_help_documents_every_exit_code_and_parsing_imports_no_jax():
     result = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True,
                             text=True, timeout=60)
@@ -301,7 +321,6 @@ def test_help_documents_every_exit_code_and_parsing_imports_no_jax():
     for check in runtime.CHECKS:
         assert f"{check.exit_code}  {check.name}:" in result.stdout
     assert "2  bad command line" in result.stdout
-    assert runtime_cli.PRECISIONS == PRECISIONS
     # JAX reads JAX_PLATFORMS at import: parsing flags must not import it.
     probe = ("import sys; from terra_rl.ops import runtime_cli; "
              "runtime_cli.parse_options(['--platform', 'cpu']); print('jax' in sys.modules)")

@@ -1,7 +1,8 @@
-"""The Slurm side of `scripts/euler/`: shellcheck and `bash -n` on every script, the GPU guard
-with fake `nvidia-smi` outputs, `env.sh`, and whole jobs run outside Slurm with fakes for
-`nvidia-smi`, `scontrol`, `srun` and the venv's python (a stub that records its arguments and
-writes what train_mixed.py would), so the step order, exit codes and resume logic are real."""
+"""shellcheck and `bash -n` on every shell script of the repo (found by name and shebang),
+and the Slurm side of `scripts/euler/`: the GPU guard with fake `nvidia-smi` outputs,
+`env.sh`, and whole jobs run outside Slurm with fakes for `nvidia-smi`, `scontrol`, `srun`
+and the venv's python (a stub that records its arguments and writes what train_mixed.py
+would), so the step order, exit codes and resume logic are real."""
 
 from __future__ import annotations
 
@@ -18,9 +19,36 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EULER = REPO / "scripts" / "euler"
-# Every shell script the project runs: the Slurm side, the GPU checks and the CI entry point.
-SHELL_SCRIPTS = sorted([*EULER.glob("*.sh"), *EULER.glob("*.sbatch"),
-                        REPO / "scripts" / "gpu_checks.sh", REPO / ".ci" / "run"])
+SHELL_SUFFIXES = (".sh", ".bash", ".sbatch")
+SHELL_SHEBANG = re.compile(rb"#!\s*(\S*/)?(env\s+(-\S+\s+)*)?(ba|da|k|z)?sh(\s|$)")
+
+
+def shell_scripts(repo: Path = REPO) -> list[Path]:
+    """Every shell script of the repo, found rather than listed: the files git tracks (or
+    would: untracked and not ignored) named *.sh, *.bash or *.sbatch, or whose first line is
+    a shell's shebang (`.ci/run`). Without git, every such file outside hidden directories
+    other than .ci."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                             "--exclude-standard"], cwd=repo, capture_output=True)
+    if listed.returncode == 0:
+        paths = [repo / name.decode() for name in listed.stdout.split(b"\0") if name]
+    else:
+        paths = [path for path in repo.rglob("*") if not any(
+            part.startswith(".") and part != ".ci" for part in path.relative_to(repo).parts)]
+    scripts = []
+    for path in paths:
+        if not path.is_file() or path.is_symlink():
+            continue
+        if path.suffix in SHELL_SUFFIXES:
+            scripts.append(path)
+            continue
+        with open(path, "rb") as file:
+            if SHELL_SHEBANG.match(file.readline(200)):
+                scripts.append(path)
+    return sorted(scripts)
+
+
+SHELL_SCRIPTS = shell_scripts()
 GUARD = EULER / "gpu_guard.sh"
 JOB_ID = "777"
 
@@ -39,7 +67,8 @@ FAKE_SRUN = textwrap.dedent("""\
 """)
 # The venv's python: records each call; as train_mixed.py it creates the run directory,
 # logs update 1 in the smoke (--max_updates 1) and writes a checkpoint in a real run. With
-# STUB_TRAIN_SLEEP it "trains" until TERM, then exits 75 as train_mixed.py does.
+# STUB_TRAIN_SLEEP it "trains" until TERM, then logs it and exits 75 as train_mixed.py does;
+# it creates the file STUB_TRAP_READY once its TERM trap is in place.
 STUB_PYTHON = textwrap.dedent("""\
     #!/usr/bin/env bash
     echo "python $*${JAX_LOCAL_DEVICE_IDS:+ [JAX_LOCAL_DEVICE_IDS=$JAX_LOCAL_DEVICE_IDS]}" \
@@ -73,7 +102,8 @@ STUB_PYTHON = textwrap.dedent("""\
         fi
         if [[ -n ${STUB_TRAIN_SLEEP:-} ]]; then
             sleep "$STUB_TRAIN_SLEEP" &
-            trap 'kill $!; exit 75' TERM
+            trap 'kill $!; echo "train stopped by TERM" >> "$STUB_LOG"; exit 75' TERM
+            [[ -z ${STUB_TRAP_READY:-} ]] || : > "$STUB_TRAP_READY"
             wait
             exit 0
         fi
@@ -91,11 +121,29 @@ def shellcheck_binary() -> Path:
     return path
 
 
-def test_shell_scripts_are_shellcheck_clean():
-    assert {p.name for p in SHELL_SCRIPTS} >= {
-        "env.sh", "gpu_guard.sh", "job_lib.sh", "train_solo_excavator_4gpu.sbatch",
-        "train_generic.sbatch", "train_multinode_2x4.sbatch", "gpu_checks.sh", "run",
+def test_every_shell_script_is_found(tmp_path):
+    assert {str(p.relative_to(REPO)) for p in SHELL_SCRIPTS} >= {
+        "scripts/euler/env.sh", "scripts/euler/gpu_guard.sh", "scripts/euler/job_lib.sh",
+        "scripts/euler/train_solo_excavator_4gpu.sbatch", "scripts/euler/train_generic.sbatch",
+        "scripts/euler/train_multinode_2x4.sbatch", "scripts/gpu_checks.sh", ".ci/run",
     }
+    # By name or by shebang, tracked or new; never a Python script, an ignored file or data.
+    repo = tmp_path / "repo"
+    files = {"a.sh": "echo a\n", "tools/b": "#!/usr/bin/env bash\necho b\n",
+             "tools/c": "#!/bin/sh\necho c\n", "tools/d": "#!/usr/bin/env -S bash -e\n",
+             "tools/e.py": "#!/usr/bin/env python3\n", "tools/f": "#!/usr/bin/env shellcheck\n",
+             "job.sbatch": "#SBATCH --gpus=1\n", "ignored/g.sh": "echo g\n",
+             "data.bin": "\x00\x01", ".gitignore": "ignored/\n"}
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "a.sh", "tools/b"], check=True)
+    found = [str(p.relative_to(repo)) for p in shell_scripts(repo)]
+    assert found == ["a.sh", "job.sbatch", "tools/b", "tools/c", "tools/d"]
+
+
+def test_shell_scripts_are_shellcheck_clean():
     result = subprocess.run([str(shellcheck_binary()), "-x", *map(str, SHELL_SCRIPTS)],
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -319,22 +367,26 @@ def test_multinode_job_launches_with_srun_and_distributed(fakes):
 def test_signal_stops_training_with_exit_75_and_requeues_once(fakes, signal_name):
     """USR1 (time limit near) requeues at once; TERM (preemption) is passed on to training,
     whose exit 75 (checkpointed) makes the job requeue itself. Either way: one requeue."""
-    env = dict(fakes, STUB_TRAIN_SLEEP="60")
+    trap_ready = Path(fakes["STUB_LOG"]).with_name("trap_ready")
+    # The "training" lasts 600 s: a job that waited for it instead of passing the signal on
+    # fails at the communicate timeout below.
+    env = dict(fakes, STUB_TRAIN_SLEEP="600", STUB_TRAP_READY=str(trap_ready))
     job = subprocess.Popen(["bash", str(EULER / "train_solo_excavator_4gpu.sbatch")], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
-        deadline = time.monotonic() + 30
-        while not any("--run_name solo_excavator-" in c for c in calls(env)):
+        # The job installs its traps before any step; the stub writes the file once its own
+        # trap is in place, so the signal cannot come before either.
+        deadline = time.monotonic() + 60
+        while not trap_ready.exists():
             assert time.monotonic() < deadline and job.poll() is None, "training never started"
-            time.sleep(0.05)
-        time.sleep(0.2)
-        started = time.monotonic()
+            time.sleep(0.02)
+        assert any("--run_name solo_excavator-" in c for c in calls(env))
         job.send_signal(getattr(signal, signal_name))
-        output, _ = job.communicate(timeout=20)
+        output, _ = job.communicate(timeout=60)
     finally:
         job.kill()
     assert job.returncode == 0, output
-    assert time.monotonic() - started < 10  # did not wait for the 60 s "training"
+    assert "train stopped by TERM" in calls(env)  # the training got TERM and stopped
     assert calls(env).count(f"scontrol requeue {JOB_ID}") == 1
     assert "stopped on a signal with a checkpoint (exit 75)" in output
     assert "requeued during train" in output

@@ -150,7 +150,8 @@ def _script():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--map-size", "17"], ["--map-types", "trenches,castles"], ["--count", "0"]],
+    [["--map-size", "17"], ["--map-types", "trenches,castles"], ["--count", "0"],
+     ["--time-limit", "-1"], ["--eval-pool", "no_such_preset"]],
 )
 def test_script_rejects_bad_input_in_one_line(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -158,3 +159,69 @@ def test_script_rejects_bad_input_in_one_line(argv, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error" in err
+
+
+def _reference_coverage(planner, action_map, dumpability, node):
+    """`Planner.coverage`'s sector counts over every reachable pose, without its skip of
+    poses with no undug target in their ring: the definition the planner is held to."""
+    from envs.solver_geometry import shortest_paths
+
+    dist, _, _ = shortest_paths(planner.graph, node, planner._free_poses(action_map))
+    poses = np.unique(planner.pose_of(np.flatnonzero(dist >= 0)))
+    undug = (planner.target == -1) & (action_map == 0)
+    space = (dumpability == 1) & (action_map == 0) & (planner.target != -1)
+    if planner.has_zones:
+        space &= planner.target == 1
+    soil = np.append((action_map > 0) & planner.pickable, False)
+    undug, space = np.append(undug, False), np.append(space, False)
+    coverage = np.zeros(planner.sentinel, np.int64)
+    for pose in poses:
+        sectors = planner.reach[pose]  # [12, K], sentinel-padded
+        if not space[sectors].any():
+            continue
+        for tiles in sectors:
+            if undug[tiles].any() and (planner.dig_first or not soil[tiles].any()):
+                np.add.at(coverage, tiles[tiles < planner.sentinel], 1)
+    return np.where(undug[:-1], coverage, 0)
+
+
+@pytest.mark.parametrize("index, agent", [(0, A.TRACKED), (3, A.WHEELED), (8, A.TRACKED)])
+def test_coverage_equals_the_reference_on_every_reachable_pose(env, sample_params,
+                                                                sample_results, index, agent):
+    """Mid-task states of solved maps: the planner's coverage (which skips poses whose ring
+    holds no undug target) counts exactly what every reachable pose's sectors hold, and
+    `blocked_reasons` splits exactly the targets it leaves at zero."""
+    from envs.solver_planner import Planner
+
+    key = jax.random.PRNGKey(index)
+    state = solver.initial_state(env, sample_params, index, agent, key)
+    host = jax.device_get(state)
+    actions = sample_results[(index, agent)].actions
+    _, step = solver.jitted_env_functions(env)
+    checked = 0
+    for config in (env.config, EnvConfig(map_size=16, dig_before_pickup=False)):
+        planner = Planner(config, agent, host.target_map, host.obstacles)
+        state = solver.initial_state(env, sample_params, index, agent, key)
+        for count, action in enumerate(actions[: len(actions) // 2]):
+            _, state, *_ = step(key, state, jax.numpy.int32(action), sample_params)
+            if count % 8:
+                continue
+            view = planner.state_of(jax.device_get(state))
+            coverage, _ = planner.coverage(view.action_map, view.dumpability, view.node)
+            reference = _reference_coverage(planner, view.action_map, view.dumpability,
+                                             view.node)
+            undug = (planner.target == -1) & (view.action_map == 0)
+            assert undug.any()
+            np.testing.assert_array_equal(np.where(undug, coverage, 0), reference)
+            blocked, _ = planner.blocked(view.action_map, view.dumpability, view.node)
+            reasons = planner.blocked_reasons(view.action_map, view.dumpability, view.node)
+            assert sum(reasons.values()) == blocked
+            checked += 1
+    assert checked >= 4
+
+
+def test_a_time_limit_stops_the_search_with_a_reason(env, sample_params):
+    result = solver.solve(env, sample_params, 0, A.TRACKED, jax.random.PRNGKey(0), STEP_BUDGET,
+                          time_limit=0.0)
+    assert not result.completed and result.steps == 0
+    assert result.reason.startswith("time limit of 0 s after 0 backjumps:"), result.reason

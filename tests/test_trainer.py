@@ -2,7 +2,7 @@
 
 One tiny excavation config (cpu_demo's trench maps and action mask, 8 envs per device,
 8 steps, episodes of 12 steps so timeouts happen inside every rollout) is compiled once for
-the session; the CLI and benchmark tests build the same shapes from the cpu_demo preset.
+the test session; the CLI and benchmark tests build the same shapes from the cpu_demo preset.
 """
 
 from __future__ import annotations
@@ -249,6 +249,26 @@ def test_resume_after_stop_request_equals_straight_run(tiny_trainer, tmp_path):
     assert tiny_trainer.trace_counts == {"update": 1, "eval": 1}
 
 
+def test_max_updates_checkpoints_off_interval_and_counts_in_total(tiny_trainer, tmp_path):
+    """`--max_updates N` (`train(stop_after=N)`) ends the run after update N in total, with
+    a checkpoint there even off the checkpoint interval (2 here); a resume counts from the
+    run's start, not from its checkpoint. (The CLI's side: the test after the CLI run.)"""
+    first = run_train(tiny_trainer, tmp_path, stop_after=1)
+    assert first.updates_done == 1 and not first.stopped
+    assert CheckpointStore(tmp_path / "checkpoints").all_steps() == [1]
+    resumed = run_train(tiny_trainer, tmp_path, resume=True, stop_after=3)
+    assert resumed.resumed_from == 1 and resumed.updates_done == 3 and not resumed.stopped
+    assert resumed.env_steps == 3 * tiny_trainer.config.env_steps_per_update
+    assert CheckpointStore(tmp_path / "checkpoints").all_steps() == [1, 2, 3]
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["update"] for r in records if "train/actor_loss" in r] == [1, 2, 3]
+    # Already there: nothing runs, nothing is written.
+    again = run_train(tiny_trainer, tmp_path, resume=True, stop_after=3)
+    assert again.resumed_from == again.updates_done == 3
+    assert CheckpointStore(tmp_path / "checkpoints").all_steps() == [1, 2, 3]
+    assert read_metrics(tmp_path / "metrics.jsonl") == records
+
+
 def test_warm_start_takes_the_parameters_and_nothing_else(tiny_trainer, tmp_path):
     """A run started from another run's checkpoint holds its parameters on every device and a
     fresh optimizer state at update 0, and its baseline eval equals the source's eval of
@@ -464,14 +484,15 @@ def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
 
 
 def test_the_trainers_first_state_follows_the_eager_keys(tiny_trainer):
-    """The runner's key on device d is `fold_in(split(fold_in(PRNGKey(seed), 0), D)[d], 1)`
-    and every device holds the parameters drawn from `fold_in(PRNGKey(seed), 1)`: the keys
-    the trainer drew eagerly before the run key."""
+    """Device d's key is `split(fold_in(PRNGKey(seed), 0), D)[d]`, split once into the
+    reset's key and the runner's key, and every device holds the parameters drawn from
+    `fold_in(PRNGKey(seed), 1)`. (tests/test_run_keys.py checks that no two consumers of
+    the init and the update share a key.)"""
     runner = jax.device_get(tiny_trainer.init_runner())
     devices = tiny_trainer.num_devices
     root = jax.random.PRNGKey(tiny_trainer.config.seed)
     init_keys = jax.random.split(jax.random.fold_in(root, INIT_STREAM), devices)
-    want = np.stack([np.asarray(jax.random.fold_in(k, 1)) for k in init_keys])
+    want = np.stack([np.asarray(jax.random.split(k)[1]) for k in init_keys])
     np.testing.assert_array_equal(runner.rng, want)
     params = jax.jit(tiny_trainer.policy.init)(
         jax.random.fold_in(root, PARAMS_STREAM),
@@ -693,6 +714,34 @@ def test_cli_warm_start_passes_the_checkpoint_or_stops_with_one_line(tiny_cli_ru
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("train_mixed.py: error: ") and phrase in err[0]
         assert not (tmp_path / name).exists(), name
+
+
+def test_cli_max_updates_counts_in_total_and_exits_3_when_already_there(
+        tiny_cli_run, tmp_path, capsys, monkeypatch):
+    """`--max_updates N` on a resume: a run whose checkpoint is at N has nothing to do, exits
+    3 and writes nothing, even when its total is further; otherwise N reaches `train` as
+    `stop_after` (train itself is replaced: the test above trains to it)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_cli_run[0], run_dir)  # at update 2 of 2
+    before = [(run_dir / name).read_text() for name in ("config.json", "manifest.json")]
+    four_updates = str(4 * 8 * 8 * 4)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as nothing:
+        main(["--resume", str(run_dir), "--total_timesteps", four_updates, "--max_updates", "2"])
+    assert nothing.value.code == 3
+    assert "is already at update 2 of 2: nothing to do" in capsys.readouterr().err
+    assert [(run_dir / name).read_text() for name in ("config.json", "manifest.json")] == before
+
+    passed = {}
+
+    def fake_train(trainer, logger, checkpoints, **kwargs):
+        passed.update(kwargs)
+        return TrainResult(None, 3, 0, {}, {}, 0.0)
+
+    monkeypatch.setattr(terra_rl.cli.main, "train", fake_train)
+    assert main(["--resume", str(run_dir), "--total_timesteps", four_updates,
+                 "--max_updates", "3"]) == 0
+    assert passed["stop_after"] == 3 and passed["resume"] is True
 
 
 def load_script(name: str):

@@ -35,7 +35,7 @@ _terra_env() {
     export TERRA_VENV=${TERRA_VENV:-$TERRA_REPO/.venv}
     if [[ ! -x $TERRA_VENV/bin/python ]]; then
         echo "env.sh: error: no virtualenv at $TERRA_VENV (bin/python missing); create it" \
-            "with 'make venv' and pip install -e '.[cuda12]', or set TERRA_VENV" >&2
+            "with 'make venv' and pip install -e '.[cuda13]', or set TERRA_VENV" >&2
         return 1
     fi
     export TERRA_PYTHON=$TERRA_VENV/bin/python
@@ -51,7 +51,7 @@ _terra_env() {
     eval "$restore_nullglob"
     if ((${#lib_dirs[@]} == 0)); then
         echo "env.sh: warning: no pip CUDA libraries under $TERRA_VENV/lib/python3*/site-packages/nvidia;" \
-            "GPU jobs need pip install -e '.[cuda12]'" >&2
+            "GPU jobs need pip install -e '.[cuda13]'" >&2
     fi
     for lib_dir in "${lib_dirs[@]}"; do
         _terra_prepend_path LD_LIBRARY_PATH "$lib_dir"

@@ -227,8 +227,10 @@ terra_step_train() {
     return "$status"
 }
 
-# One row for docs/EXPERIMENTS_LOG.md: terra_ledger_row STATUS STAGE CONFIG [TRAIN_FLAGS...].
-# The failure signature and whether W&B has real history are filled in by hand ("?").
+# The job's summary as one Markdown table row, for a team's own log of jobs
+# (docs/OPERATIONS.md#what-a-job-does-and-its-exit-codes):
+# terra_ledger_row STATUS STAGE CONFIG [TRAIN_FLAGS...]. The failure signature and whether
+# W&B has real history are left to fill in by hand ("?").
 terra_ledger_row() {
     local status=$1 stage=$2 wandb_id="none"
     shift 2

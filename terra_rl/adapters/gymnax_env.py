@@ -161,7 +161,9 @@ class GymnaxBatchEnv:
         `first_maps` is accepted for the trainer's interface and ignored (no map pool).
 
         With `staggered` (a static Python bool) and a stagger-safe env, each env's
-        `state.time` (its episode age) starts uniform in `[0, max_steps)`.
+        `state.time` (its episode age) starts uniform in `[0, max_steps)`. `key` is consumed
+        (split into the episodes' keys and the ages' key): a caller derives no other key
+        from it.
         """
         key_reset, key_age = jax.random.split(key)
         keys = jax.random.split(key_reset, self.num_envs)

@@ -99,7 +99,11 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
     def init(run_key, env_params):
         device_key = run_keys.device_key(run_key, run_keys.INIT_STREAM, AXIS)
         params_key = jax.random.fold_in(run_key, run_keys.PARAMS_STREAM)
-        obs, env_state = env.reset(device_key, env_params, staggered=True)
+        # Split once: the reset derives its own keys from `reset_key` (episode starts and
+        # ages), so a key derived from `device_key` itself (`fold_in(device_key, 1)` equals
+        # `split(device_key)[1]`) would repeat one of them.
+        reset_key, runner_key = jax.random.split(device_key)
+        obs, env_state = env.reset(reset_key, env_params, staggered=True)
         params = policy.init(params_key, jax.tree.map(lambda x: x[:1], obs))
         counters = Counters(
             update=jnp.zeros((), jnp.int32),
@@ -110,7 +114,7 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
             policy=PolicyState(params=params, opt_state=optimizer.init(params)),
             env_state=env_state,
             last_obs=obs,
-            rng=jax.random.fold_in(device_key, 1),
+            rng=runner_key,
             counters=counters,
             loss_scale=loss_scaling.init_loss_scale(config.precision),
         )
@@ -208,7 +212,7 @@ def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
 
     Transitions, not whole env trajectories: a minibatch of N / M trajectories holds a few
     correlated episodes, and PPO trained on those learned far less (Breakout-MinAtar with the
-    relu MLP: 29 against 67.5 on the same seed; docs/RESULTS.md, "Minibatches of transitions").
+    relu MLP: 29 against 67.5 on the same seed; docs/RESULTS.md, "What mattered").
     """
     steps, envs = jax.tree.leaves(batch)[0].shape[:2]
     total = steps * envs

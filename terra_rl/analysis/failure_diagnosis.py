@@ -11,7 +11,9 @@ env's own pose graph and dig/dump rules (`envs.solver_planner`):
   `dump_after_full_turn`: `envs.action_rules`), so the policy can never dump. The planner
   does not model the mask, so this is judged from the env.
 - `targets out of reach`: undug targets that no reachable pose can dig with a free dump tile
-  in reach (digs and dumps have cut them off).
+  in reach. `blocked_reasons` splits them: `cut off` (in no sector of a reachable pose: digs
+  and piles have walled them in), `soil in the way` (only in sectors holding soil that DO
+  picks up first) and `no dump space` (only in reach of poses with no free dump tile).
 - `no dump space`: more soil still to dump than free dump tiles within reach of reachable
   poses.
 - `planner gave up`: none of the above, but the planner found no way to finish either.
@@ -62,6 +64,8 @@ class EpisodeDiagnosis:
     """Steps the planner needs to finish from the final state; -1 where it cannot."""
     loop_actions: dict[str, int]
     """The most frequent actions of the last LOOP_WINDOW steps, with their counts."""
+    blocked_reasons: dict[str, int] = dataclasses.field(default_factory=dict)
+    """For `targets out of reach`: the targets per reason (`Planner.blocked_reasons`)."""
 
 
 def judge_final_state(planner: Planner, state, plan_steps: int) -> tuple[str, int]:
@@ -107,6 +111,7 @@ def diagnose_episode(trained: TrainedPolicy, map_index: int, agent_type: int, sa
     last_progress_step = len(actions) - 1 - int(host.steps_since_progress)
     names = WHEELED_ACTION_NAMES if agent_type == WHEELED else TRACKED_ACTION_NAMES
     loop = collections.Counter(names[a] for a in actions[-LOOP_WINDOW:]).most_common(3)
+    blocked_reasons = {}
     if done:
         category, solver_steps = "done", 0
     elif dumps_masked(env, state):
@@ -114,12 +119,16 @@ def diagnose_episode(trained: TrainedPolicy, map_index: int, agent_type: int, sa
     else:
         planner = Planner(env.config, agent_type, host.target_map, host.obstacles)
         category, solver_steps = judge_final_state(planner, host, plan_steps)
+        if category == "targets out of reach":
+            final = planner.state_of(host)
+            blocked_reasons = planner.blocked_reasons(final.action_map, final.dumpability,
+                                                      final.node)
     total = max(int(host.dig_tiles_total), 1)
     return EpisodeDiagnosis(
         map_index=map_index, agent_type=agent_type, category=category, steps=len(actions),
         progress=int(host.dig_tiles_done) / total, last_progress_step=last_progress_step,
         targets_left=int(host.dig_tiles_total) - int(host.dig_tiles_done),
-        solver_steps=solver_steps, loop_actions=dict(loop),
+        solver_steps=solver_steps, loop_actions=dict(loop), blocked_reasons=blocked_reasons,
     )
 
 

@@ -35,7 +35,7 @@ def check_cuda_libs(options: PreflightOptions, state: PreflightState) -> str:
     if not roots:
         raise CheckFailed(
             f"no pip CUDA wheels (no 'nvidia' package) for {sys.executable}; "
-            "install them with pip install -e '.[cuda12]'"
+            "install them with pip install -e '.[cuda13]'"
         )
     ld_path = (env_vars.get("LD_LIBRARY_PATH") or "") if options.ld_library_path is None \
         else options.ld_library_path
@@ -53,7 +53,7 @@ def check_cuda_libs(options: PreflightOptions, state: PreflightState) -> str:
             found.append(f"{name} ({directory.relative_to(directory.parents[2])})")
     problems = []
     if missing:
-        problems.append(f"missing: {', '.join(missing)}; reinstall with pip install -e '.[cuda12]'")
+        problems.append(f"missing: {', '.join(missing)}; reinstall with pip install -e '.[cuda13]'")
     if empty:
         problems.append(f"empty: {', '.join(empty)}")
     if not_on_path:
@@ -85,7 +85,7 @@ def check_backend(options: PreflightOptions, state: PreflightState) -> str:
             f"JAX backend failed to initialize: {first_line(error)}"
         ) from error
     if backend != options.platform:
-        hint = (" (CUDA plugin not loaded: check the jax[cuda12] install, LD_LIBRARY_PATH "
+        hint = (" (CUDA plugin not loaded: check the jax[cuda13] install, LD_LIBRARY_PATH "
                 "and JAX_PLATFORMS)") if options.platform == "gpu" else ""
         raise CheckFailed(
             f"default backend is {backend} with {describe_devices(devices)}, expected "

@@ -4,8 +4,8 @@
 Only the policy's parameters carry over. The optimizer state, the counters, the envs and the
 keys start fresh, and the new run counts its updates from 0 under its own config. The network
 must match in every parameter's shape: a policy trained on 16x16 maps goes on to 32x32 maps
-with `--map_pool 2`, whose pooled map has the 16x16 map's shape (docs/RESULTS.md, "32x32
-maps").
+with `--map_pool 2`, whose pooled map has the 16x16 map's shape (docs/RESULTS.md, "What
+mattered").
 """
 
 from __future__ import annotations
