@@ -219,8 +219,41 @@ def _build_foundations(
         return None
     keep_clear = _dilate(dig, lane + 1) | _dilate(dump, 2) | reserved
     obstacles = _scatter_small_obstacles(rng, size, keep_clear)
+    if not _every_target_has_a_zone_in_reach(dig, dump, obstacles, size):
+        return None
     target = np.where(dig, DIG_TILE, np.where(dump, DUMP_TILE, FREE_TILE)).astype(np.int8)
     return _Layout(target, obstacles, ~obstacles, spawn)
+
+
+def _every_target_has_a_zone_in_reach(
+    dig: np.ndarray, dump: np.ndarray, obstacles: np.ndarray, size: int
+) -> bool:
+    """Every dig tile lies in the arm's ring (`EnvConfig.workspace_radii`) of a position that
+    has a dump-zone tile in its ring too, and where the excavator fits at any heading (the
+    disk of its footprint's half-diagonal on the map, free of obstacles). A target no such
+    position reaches can be dug only with its soil dumped outside the zones and moved on
+    again: with the free lane, the inside of a U or a ring held no zone, and 64x64 targets
+    there had no zone in reach from the start (docs/RESULTS.md). bool [N, N] masks."""
+    from envs.config import EnvConfig  # the excavator's geometry at this size
+
+    config = EnvConfig(map_size=size)
+    inner, outer = config.workspace_radii
+    reach = int(np.ceil(outer))
+    span = np.arange(-reach, reach + 1)
+    distance = np.hypot(span[:, None], span[None, :])
+    ring = list(zip(*np.nonzero((distance >= inner) & (distance <= outer)), strict=True))
+    body = list(zip(*np.nonzero(distance <= config.footprint_radius), strict=True))
+
+    def spread(mask, offsets, fill):  # out[p] = any(mask[p + o]), off the map = fill
+        padded = np.pad(mask, reach, constant_values=fill)
+        out = np.zeros_like(mask)
+        for dr, dc in offsets:
+            out |= padded[dr : dr + size, dc : dc + size]
+        return out
+
+    fits = ~spread(obstacles, body, True)
+    serving = fits & spread(dump, ring, False)
+    return not bool((dig & ~spread(serving, ring, False)).any())
 
 
 def _footprint_mask(rng: np.random.Generator, height: int, width: int) -> np.ndarray:

@@ -122,6 +122,20 @@ class EvalPool:
                     self.episodes.append((int(agent_type), int(index), pool.keys[index]))
 
 
+def start_reasons(env, params, index, agent_type, key) -> dict[str, int]:
+    """The targets out of reach from the spawn, by reason (`Planner.blocked_reasons`): all
+    zero where the map was open from the start and the planner's order lost it."""
+    import jax
+
+    from envs import solver
+    from envs.solver_planner import Planner
+
+    host = jax.device_get(solver.initial_state(env, params, index, agent_type, key))
+    planner = Planner(env.config, agent_type, host.target_map, host.obstacles)
+    start = planner.state_of(host)
+    return planner.blocked_reasons(start.action_map, start.dumpability, start.node)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import jax
@@ -161,6 +175,8 @@ def main(argv=None) -> int:
                 "progress": result.progress,
                 "reason": result.reason,
                 "seconds": time.perf_counter() - started,
+                "at_start": {} if result.completed else start_reasons(env, params, index,
+                                                                      agent_type, key),
             }
         )
         r = records[-1]
@@ -185,9 +201,11 @@ def main(argv=None) -> int:
         )
     unsolved = [r for r in records if not r["completed"]]
     for r in unsolved:
+        at_start = ", ".join(f"{name} {count}" for name, count in r["at_start"].items())
         print(
             f"unsolved: seed {r['seed']} index {r['map_index']} {r['map_type']} {r['agent']} "
-            f"{r['map_size']}x{r['map_size']}: {r['reason']} (progress {r['progress']:.2f})"
+            f"{r['map_size']}x{r['map_size']}: {r['reason']} (progress {r['progress']:.2f}; "
+            f"out of reach at the start: {at_start})"
         )
     if args.json is not None:
         args.json.write_text(json.dumps({"summary": summary, "maps": records}, indent=1))

@@ -70,6 +70,10 @@ def _assert_invariants(maps: MapSet, clearance: int) -> None:
     assert not (dump & _near(dig, lane))[foundations].any()
     assert not (obstacle & _near(dig, lane))[foundations].any()
     assert not (dig & edge)[foundations].any()
+    from envs.maps import _every_target_has_a_zone_in_reach
+
+    for i in np.flatnonzero(foundations):
+        assert _every_target_has_a_zone_in_reach(dig[i], dump[i], obstacle[i], n), i
     assert (dump_area[trenches] == 0).all()
     # every trench map has a no-dump patch, and the soil fits on the dumpable free tiles
     no_dump = (maps.dumpability == 0) & ~obstacle
@@ -338,3 +342,24 @@ def test_the_fallback_foundation_keeps_the_free_lane(size):
     assert not (dump & _near(dig[None], lane)[0]).any()
     assert not dig[:lane].any() and not dig[-lane:].any()
     assert not dig[:, :lane].any() and not dig[:, -lane:].any()
+
+
+@pytest.mark.parametrize("side, expected", [(15, True), (31, False)])
+def test_targets_beyond_any_zones_reach_are_refused(side, expected):
+    """A square foundation on a 64x64 map, zones beyond the 5-tile lane: 15 tiles across,
+    every target is in the arm's ring of a position with a zone in its ring too; 31 across,
+    the middle ones are 9.5 + 9.5 tiles or more from every zone, beyond any position's reach."""
+    from envs.maps import _every_target_has_a_zone_in_reach
+
+    size, lane = 64, 5
+    dig = np.zeros((size, size), bool)
+    start = (size - side) // 2
+    dig[start : start + side, start : start + side] = True
+    near, far = _near(dig[None], lane)[0], _near(dig[None], lane + 5)[0]
+    dump = far & ~near
+    obstacles = np.zeros((size, size), bool)
+    assert _every_target_has_a_zone_in_reach(dig, dump, obstacles, size) is expected
+    # Obstacles on every other tile leave the excavator nowhere to stand: nothing is served.
+    obstacles[::2, ::2] = True
+    assert not _every_target_has_a_zone_in_reach(dig & ~obstacles, dump & ~obstacles,
+                                                 obstacles, size)

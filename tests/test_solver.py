@@ -225,3 +225,18 @@ def test_a_time_limit_stops_the_search_with_a_reason(env, sample_params):
                           time_limit=0.0)
     assert not result.completed and result.steps == 0
     assert result.reason.startswith("time limit of 0 s after 0 backjumps:"), result.reason
+
+
+def test_script_reports_an_unsolved_map_with_its_start(tmp_path, capsys):
+    """A search stopped at once leaves the map unsolved: the script prints the reason and
+    what was out of reach from the spawn (nothing, on a generated 16x16 trench map)."""
+    import json
+
+    out = tmp_path / "solve.json"
+    argv = ["--map-size", "16", "--map-types", "trenches", "--count", "1", "--agent", "tracked",
+            "--time-limit", "1e-9", "--json", str(out)]
+    assert _script().main(argv) == 0
+    (record,) = json.loads(out.read_text())["maps"]
+    assert not record["completed"] and record["reason"].startswith("time limit")
+    assert record["at_start"] == {"cut off": 0, "soil in the way": 0, "no dump space": 0}
+    assert "out of reach at the start: cut off 0" in capsys.readouterr().out
