@@ -386,7 +386,7 @@ def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
     dumpable = np.ones((size, size), bool)
     if HAS_DUMP_ZONES[type_name]:
         lane = _FREE_LANE[size] if type_name == "foundations" else 1
-        far = size - 2 - lane  # the free lane between the dig square and the map's edge
+        far = size - 1 - lane  # the free lane between the dig square and the map's edge
         dig[far - 2 : far, far - 2 : far] = True
         dump = _dump_band(dig, reserved, max_width=1, lane=lane)
         assert dump is not None
