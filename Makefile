@@ -8,7 +8,7 @@ TRAIN_ARGS ?=
 GATES_ARGS ?=
 GATES := $(PY) scripts/validation/validate_gates.py --case all --jax-platforms cpu
 
-.PHONY: train test lint gates benchmark-env benchmark-train results venv
+.PHONY: train test test-fast lint gates benchmark-env benchmark-train results venv
 
 venv: $(STAMP)
 
@@ -25,14 +25,22 @@ train: $(STAMP)
 # ruff, then pytest, which runs every validation gate too (tests/test_validation.py calls each
 # case, and the script's own command line is tested there), so `make gates` is not run again.
 # pytest runs two workers (the machine's two cores; XLA compiles are mostly single-threaded),
-# each test file on one worker so that its session fixtures compile once. pytest exits 5 when
-# it collected no test: that is a failure here, not a pass. A worker that crashes is not
-# replaced: the run fails at once instead of hanging on a rescheduled file.
-PYTEST_ARGS ?= -n 2 --dist loadfile --max-worker-restart 0
-test: $(STAMP) lint
-	@$(PY) -m pytest $(PYTEST_ARGS); status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+# each test file on one worker so that its session fixtures compile once, the files in
+# tests/conftest.py's order (the slow ones first, longest first) rather than pytest-xdist's
+# (by number of tests), so that both workers end together. pytest exits 5 when it collected
+# no test: that is a failure here, not a pass. A worker that crashes is not replaced: the run
+# fails at once instead of hanging on a rescheduled file.
+# `make test-fast` leaves out the tests marked slow (pytest -m "not slow"): most of the
+# tests in about 2 minutes, for the edit-test loop; `make test` (and so CI) runs them all.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart 0
+PYTEST_RUN = status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make $@: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+test: $(STAMP) lint
+	@$(PY) -m pytest $(PYTEST_ARGS); $(PYTEST_RUN)
+
+test-fast: $(STAMP) lint
+	@$(PY) -m pytest -m "not slow" $(PYTEST_ARGS); $(PYTEST_RUN)
 
 # The CPU validation gates before a launch (docs/VALIDATION.md). Extra flags:
 # make gates GATES_ARGS="--dataset-path data/maps64 --json gates.json"

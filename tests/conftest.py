@@ -74,3 +74,90 @@ def env32():
 def step32(env32):
     """Jitted single-env step on 32x32 maps (the hand-built-state family)."""
     return jax.jit(env32.step_no_reset)
+
+
+# The slow tests: `make test-fast` (`-m "not slow"`) leaves them out, `make test` runs them
+# first. A file maps to the test functions that are slow (each with all its parametrizations;
+# those sharing a costly module fixture go together, or the next test would pay for it), or to
+# EVERY_TEST. Files of ours say `pytestmark = pytest.mark.slow` themselves and are listed only
+# for the order. Listed slowest first (their share of `make test`'s time on the 2-core CPU):
+# the full run starts each file's tests in this order, after that the files not listed in
+# collection order, so the two workers end together on short files rather than one of them
+# on a long file that started last (pytest-xdist would order files by their number of tests).
+# tests/test_suite.py checks that every name here is still a test.
+EVERY_TEST = ("*",)
+SLOW_TESTS: dict[str, tuple[str, ...]] = {
+    "test_trainer.py": EVERY_TEST,  # pytestmark
+    "test_validation.py": ("test_gate", "test_env_action_mask_on_a_dataset"),
+    "test_trainer_cli.py": EVERY_TEST,  # pytestmark
+    "test_gpu_presets.py": EVERY_TEST,
+    "test_precision.py": ("test_short_run_in_half_precision",
+                          "test_float16_overflow_skips_on_every_device_and_is_checkpointed",
+                          "test_log_probs_entropy_ratio_match_float32"),
+    "test_distributed.py": ("test_two_processes_train_resume_and_agree",
+                            "test_setup_errors_stop_every_process"),
+    "test_evaluate_script.py": EVERY_TEST,
+    "test_run_keys.py": ("test_no_two_consumers_of_the_init_updates_and_eval_share_a_key",),
+    "test_env_rules.py": ("test_a_final_observation_carries_the_refusals_of_its_own_state",
+                          "test_the_batch_env_keeps_what_its_observation_refused",
+                          "test_the_digs_the_mask_refuses_are_remembered_until_the_map_changes"),
+    "test_pose_distance.py": EVERY_TEST,
+    "test_kill_points.py": EVERY_TEST,
+    "test_results_pipeline.py": EVERY_TEST,
+    "test_resume_flags.py": EVERY_TEST,
+    "test_reward_discounting.py": EVERY_TEST,
+    "test_preemption.py": EVERY_TEST,
+    "test_runtime.py": ("test_train_smoke_runs_one_real_update",),
+    "test_models.py": ("test_every_parameter_gets_a_finite_nonzero_gradient",
+                       "test_trunks_share_parameters_only_when_shared",  # the same gradients
+                       "test_patch_convolutions_match_lax_convolutions",
+                       "test_stored_derived_features_give_the_same_outputs"),
+    "test_solver.py": ("test_solver_completes_every_sampled_map",
+                       "test_task_done_exactly_at_the_last_action",
+                       "test_replay_in_a_fresh_env_is_identical",
+                       "test_coverage_equals_the_reference_on_every_reachable_pose"),
+    "test_learning.py": EVERY_TEST,
+    "test_trainer_gymnax.py": EVERY_TEST,  # pytestmark
+    "test_rewards.py": ("test_idle_pays_exactly_the_step_cost_every_step",  # `rollouts`
+                        "test_no_policy_beats_idle_by_more_than_its_progress",
+                        "test_loops_without_net_progress_never_beat_idle",
+                        "test_pressing_only_do_on_trenches_cannot_farm_pick_up_and_dump",
+                        "test_progress_terms_telescope_to_the_potential",
+                        "test_dense_return_is_bounded_on_reachable_states",
+                        "test_finishing_the_task_has_the_highest_return",
+                        "test_do_nothing_is_priced_like_a_move_and_never_cheaper"),
+    "test_benchmark_env.py": EVERY_TEST,
+    "test_curriculum_eval.py": (
+        "test_observation_mask_is_the_next_states_action_mask_across_resets",
+        "test_do_nothing_is_masked_unless_configured_otherwise"),
+    "test_env_rollouts.py": EVERY_TEST,
+    "test_profiling.py": ("test_profile_reports_every_section_on_one_scale",),
+    "test_dig_distance.py": ("test_policy_with_dig_distance_adds_only_its_mlp",),
+    "test_render.py": ("test_play_episode_writes_one_gif_frame_per_step",),
+    "test_failure_diagnosis.py": (
+        "test_a_load_whose_every_dump_the_mask_forbids_is_told_apart",),
+}
+
+
+def is_listed_slow(item: pytest.Item) -> bool:
+    names = SLOW_TESTS.get(item.path.name, ())
+    return names == EVERY_TEST or getattr(item, "originalname", item.name) in names
+
+
+# (file name, marked slow) of every test collected, before `-m` deselects any: what
+# tests/test_suite.py checks the share of `make test-fast` against.
+COLLECTED: list[tuple[str, bool]] = []
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_listed_slow(item):
+            item.add_marker(pytest.mark.slow)
+    COLLECTED[:] = [(item.path.name, item.get_closest_marker("slow") is not None)
+                    for item in items]
+    order = {name: rank for rank, name in enumerate(SLOW_TESTS)}
+    position = {}
+    for index, item in enumerate(items):
+        position.setdefault(item.path, index)
+    items.sort(key=lambda item: (order.get(item.path.name, len(order)), position[item.path]))

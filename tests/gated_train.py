@@ -53,7 +53,7 @@ def after_dispatch(run_updates):
             done = int(np.asarray(jax.device_get(runner.counters.update)).reshape(-1)[0])
             if f"update_{done}" in GATES and self.eval_compile_future is not None:
                 # The eval's background compile first: until it is done, the train records
-                # wait behind the baseline eval, and a stop then drops that eval.
+                # wait behind the baseline eval, and a stop would wait for the compile.
                 self.eval_compile_future.result()
             gate(f"update_{done}")
         return runner, metrics

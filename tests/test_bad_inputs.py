@@ -1,22 +1,34 @@
-"""Every bad input a user can give `train_mixed.py` (and the benchmark script's `--set`) is
-answered by a subprocess that exits 2 with one line on stderr saying what is wrong and how to
-fix it: no traceback, no run directory, no W&B files. The cases run two at a time (each is
-its own process: a Python start-up, no compile)."""
+"""Every bad input a user can give `train_mixed.py` (and the benchmark script's `--set`, and
+`scripts/run_results.py`) is answered with exit code 2 and one line on stderr saying what is
+wrong and how to fix it: no traceback, no run directory, no W&B files.
+
+Most cases call the script's `main` in this process (argv, working directory and environment
+as the command line would set them): well under a second each, where a process costs a
+Python and JAX start-up. The cases in `SUBPROCESS_CASES`, one per script and one per stage
+of `train_mixed.py`'s set-up (flags, dataset, checkpoint), run as real processes, two at a
+time while the others run here: they prove that nothing else reaches stderr (a warning, a
+log line) and that the exit code is the process's own."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import hashlib
+import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
+import terra_rl.cli.main
 from envs.dataset import save_map_dataset
 from envs.maps import default_spawn_clearance, generate_maps
 
@@ -143,7 +155,18 @@ def make_case_data(root: Path) -> None:
     (root / "a_file").write_text("not a directory\n")
 
 
-def run_case(name: str, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
+# Cases that run as real processes; every other case calls `main` in this process.
+SUBPROCESS_CASES = frozenset({
+    "unknown flag",  # train_mixed.py's argument parser
+    "missing dataset",  # the dataset check
+    "resume without checkpoint",  # the run directory and orbax
+    "results: out dir under a file",  # scripts/run_results.py
+    "--set of an unknown field",  # scripts/benchmark_train.py
+})
+
+
+def prepare_case(name: str, root: Path) -> tuple[Path, list[str]]:
+    """The case's directory, with its data, and the script's arguments."""
     script, flags, _ = CASES[name]
     data = root / name.replace(" ", "_").replace("-", "").replace("&", "")
     data.mkdir(parents=True)
@@ -151,23 +174,96 @@ def run_case(name: str, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
     args = [flag.replace("{data}", str(data)) for flag in flags]
     if script == TRAIN and "--resume" not in args:
         args += ["--runs_dir", str(data / "runs")] if "--runs_dir" not in args else []
+    return data, args
+
+
+def run_in_subprocess(name: str, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    data, args = prepare_case(name, root)
     env = {k: v for k, v in os.environ.items() if k not in ("DATASET_PATH", "DATASET_SIZE")}
     env.update(WANDB_MODE="offline", JAX_PLATFORMS="cpu")  # a W&B run, were one started
-    result = subprocess.run([sys.executable, script, *args], cwd=data, env=env,
+    result = subprocess.run([sys.executable, CASES[name][0], *args], cwd=data, env=env,
                             capture_output=True, text=True, timeout=300)
     return result, data
 
 
+class AcceptedBadInput(Exception):
+    """A case got past the script's checks to its real work (training, a benchmark, the
+    results runs), which would take minutes in this process."""
+
+
+@functools.cache
+def load_script(path: str):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # a script's dataclasses look their module up there
+    spec.loader.exec_module(script)
+    return script
+
+
+def script_main(script: str, patch: pytest.MonkeyPatch):
+    """The script's `main(argv)`, with the work after its checks replaced by a failure."""
+    def accepted(*args, **kwargs):
+        raise AcceptedBadInput(f"{Path(script).name} accepted the input")
+
+    if script == TRAIN:
+        patch.setattr(terra_rl.cli.main, "train", accepted)
+        return terra_rl.cli.main.main
+    module = load_script(script)
+    for work in {BENCHMARK: ("benchmark",), RESULTS: ("standard_tasks", "excavation")}[script]:
+        patch.setattr(module, work, accepted)
+    return module.main
+
+
+def run_in_process(name: str, root: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """The case as its process would run it: argv, working directory, environment; stdout
+    and stderr captured, SystemExit's code as the exit code, an uncaught exception as 1 with
+    its traceback on stderr. The JAX settings `main` may change are restored after it."""
+    script = CASES[name][0]
+    data, args = prepare_case(name, root)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_cache = {option: getattr(jax.config, option) for option in (
+        "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")}
+    with (pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout),
+          contextlib.redirect_stderr(stderr)):
+        for variable in ("DATASET_PATH", "DATASET_SIZE"):
+            patch.delenv(variable, raising=False)
+        patch.setenv("WANDB_MODE", "offline")
+        patch.chdir(data)
+        patch.setattr(sys, "argv", [script, *args])
+        try:
+            code = script_main(script, patch)(args)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        except Exception:  # as the interpreter would report it
+            traceback.print_exc()
+            code = 1
+        finally:
+            for option, value in saved_cache.items():
+                jax.config.update(option, value)
+    return subprocess.CompletedProcess([script, *args], code, stdout.getvalue(),
+                                       stderr.getvalue()), data
+
+
 @functools.cache
 def all_results(root: Path) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """The subprocess cases two at a time in threads while the others run here in turn."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(run_case, name, root) for name in CASES}
-        return {name: future.result() for name, future in futures.items()}
+        futures = {name: pool.submit(run_in_subprocess, name, root)
+                   for name in sorted(SUBPROCESS_CASES)}
+        results = {name: run_in_process(name, root)
+                   for name in CASES if name not in SUBPROCESS_CASES}
+        results.update((name, future.result()) for name, future in futures.items())
+    return {name: results[name] for name in CASES}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     return all_results(tmp_path_factory.mktemp("bad_inputs"))
+
+
+def test_the_subprocess_cases_are_cases():
+    assert SUBPROCESS_CASES <= set(CASES)
+    assert {CASES[name][0] for name in SUBPROCESS_CASES} == {TRAIN, BENCHMARK, RESULTS}
 
 
 def test_each_phrase_tells_its_error_from_every_other(results):

@@ -45,9 +45,10 @@ def test_the_gpu_presets_carry_the_settings_that_finish_64x64_maps():
                       "use_pose_distance", "mask_cut_off_digs", "mask_cut_off_dumps",
                       "mask_dump_outside_zones", "remember_refused_digs", "map_encoder",
                       "hidden_dim", "map_feature_dim", "num_steps", "update_epochs",
-                      "num_minibatches", "lr", "gamma", "ent_coef_start", "stall_steps"):
+                      "num_minibatches", "lr", "ent_coef_start", "stall_steps"):
             assert getattr(c, field) == getattr(small, field), (name, field)
-        assert c.use_action_mask and c.use_pose_distance and c.gamma == 0.99
+        # A longer horizon than the 16x16 preset's 0.99 for 64x64 episodes (docs/RESULTS.md).
+        assert c.use_action_mask and c.use_pose_distance and c.gamma == 0.9975 > small.gamma
         assert (c.num_steps, c.update_epochs, c.num_minibatches) == (32, 4, 4)
         assert dataclasses.replace(c, num_devices=1).num_updates == 1000  # on one GPU
 

@@ -1,27 +1,35 @@
 """PPO learns to finish a task: on one-tile trench maps, greedy completion on held-out maps
-goes from 0 to above 90% within a fixed number of updates (counted, never timed): at one of
-the evaluations after 100, 120, 140 and 160 updates, with none of them below 75%.
+goes from 0 to above 90% within a fixed number of updates (counted, never timed), on at least
+2 of 3 seeds. A seed passes when one of its evaluations after 100, 120, 140 and 160 updates
+reaches 90%, none of them is below 75%, and its successful episodes are shorter than the
+horizon.
 
 The maps: a free 10x10 square (the rest obstacles) with one tile to dig outside the spawn
 square. Every fourth tile position is held out for evaluation, the others are trained on. The
 agent spawns anywhere in the square and must find the tile, dig, turn and dump.
 
-Measured (docs/RESULTS.md), compass on, entropy coefficient 0.03, 4 epochs x 4 minibatches,
-the learning rate annealed linearly to 0 at the last update, minibatches of single
-transitions: after 160 updates 12, 12, 13 and 13 of the 13 held-out maps on seeds 0-3, and
-12-13 from update 100 on, on every seed (with whole-trajectory minibatches, from update
-120). The previous form of this test (100 updates, the learning rate annealed over twice as
-many, so still at half at the end) ended at 12/13 on seeds 0 and 1, 10/13 on seed 2, and at
-11/13 on seed 0 on a fresh machine (different XLA numerics): the policy was still moving.
+Why seeds: one trajectory passes or fails by the host CPU's numerics. On the AMD EPYC machine
+of 2026-11-25 seed 0 stayed at 11/13 from update 100 to 160 while seeds 1 and 2 passed; at a
+later commit it passes again. Measured with the suite's XLA flags on a 2-core AMD EPYC CPU
+(2026-11-29): seeds 0-4 all pass, 13/13 at every evaluation from update 80 on (12 or 13 at
+update 60). The seeds share one trainer: the seed enters the init and the
+eval as an argument (`Trainer.run_key`), so one compiled init, update and eval serve all
+three. The seeds run in order until the verdict is settled: the third trains only when one
+of the first two fails.
+
+Measured earlier (docs/RESULTS.md), compass on, entropy coefficient 0.03, 4 epochs x 4
+minibatches, the learning rate annealed linearly to 0 at the last update, minibatches of
+single transitions: after 160 updates 12, 12, 13 and 13 of the 13 held-out maps on seeds 0-3.
 With 2 epochs x 2 minibatches (4 optimizer steps per update, approx KL about 0.001) 100
 updates ended anywhere between 0/13 and 12/13: this shape needs optimizer steps, not samples.
-On the AMD EPYC machine of 2026-11-25 (other XLA numerics) seed 0 stays at 11/13 from update
-100 to 160 (before and after the pose-distance commit), while seeds 1 and 2 pass; the test
-trains seed 1. One evaluation of 13 episodes moves in steps of 7.7%, so the test asks for 90%
-at one of the four evaluations and 75% at all of them.
+One evaluation of 13 episodes moves in steps of 7.7%, so a seed needs 90% at one of the four
+evaluations and 75% at all of them.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import jax
 import numpy as np
@@ -37,6 +45,9 @@ UPDATES = 160
 """Updates trained; the learning rate anneals linearly to 0 over exactly these."""
 EVAL_UPDATES = (100, 120, 140, 160)
 """Held-out evaluations: one of them must pass 90%, and none may fall below 75%."""
+SEEDS = (0, 1, 2)
+SEEDS_REQUIRED = 2
+"""Seeds of `SEEDS` that must pass."""
 
 
 def tile_positions() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -61,7 +72,8 @@ def one_tile_maps(tiles: list[tuple[int, int]]) -> MapSet:
     return MapSet(target, obstacles, 1 - obstacles, map_type, spawn)
 
 
-def test_training_raises_held_out_completion_from_zero():
+def make_trainer():
+    """The one-tile config's trainer on its training and held-out maps (seed 0)."""
     config = resolve(
         TrainConfig(
             map_size=16, map_types=("tiny_trenches",), use_action_mask=True, max_steps=40,
@@ -69,7 +81,7 @@ def test_training_raises_held_out_completion_from_zero():
             update_epochs=4, num_minibatches=4, map_encoder="flat", map_feature_dim=64,
             hidden_dim=64, use_compass=True, precision="float32", lr=1e-3,
             lr_schedule="linear", gamma=0.95, ent_coef_start=0.03, ent_coef_end=0.03,
-            eval_episodes=13, eval_sampling=False, seed=1,
+            eval_episodes=13, eval_sampling=False, seed=0,
             total_timesteps=32 * 16 * UPDATES, compilation_cache_dir="", wandb_mode="disabled",
         ),
         jax.local_device_count(),
@@ -79,6 +91,13 @@ def test_training_raises_held_out_completion_from_zero():
     trainer = build_trainer(config)
     trainer.env_params = trainer.replicate(params_from_maps(one_tile_maps(train_tiles)))
     trainer.eval_env_params = trainer.replicate(params_from_maps(one_tile_maps(held_out_tiles)))
+    return trainer
+
+
+def train_seed(trainer, seed: int) -> dict:
+    """Trains `seed` from scratch with the trainer's compiled functions: its untrained
+    completion, the completion and steps to completion at each of `EVAL_UPDATES`."""
+    trainer.config = dataclasses.replace(trainer.config, seed=seed)
     runner = trainer.init_runner()
     before = trainer.evaluate(runner, 0)["eval/completion_rate"]
     update = trainer.compile_update(runner)
@@ -88,8 +107,28 @@ def test_training_raises_held_out_completion_from_zero():
         if done in EVAL_UPDATES:
             metrics = trainer.evaluate(runner, done)
             completion[done] = metrics["eval/completion_rate"]
-            steps[done] = metrics["eval/steps_to_completion"]
-    assert before <= 0.1
-    assert max(completion.values()) >= 0.9, completion
-    assert min(completion.values()) >= 0.75, completion
-    assert max(steps.values()) < config.max_steps, steps
+            # Absent (NaN, dropped) when no episode finished: that seed fails, the test goes on.
+            steps[done] = metrics.get("eval/steps_to_completion", math.nan)
+    return {"before": before, "completion": completion, "steps": steps}
+
+
+def seed_passes(result: dict, max_steps: int) -> bool:
+    completion, steps = result["completion"], result["steps"]
+    return (max(completion.values()) >= 0.9 and min(completion.values()) >= 0.75
+            and all(steps_taken < max_steps for steps_taken in steps.values()))
+
+
+def test_training_raises_held_out_completion_from_zero_on_most_seeds():
+    trainer = make_trainer()
+    results, passed = {}, []
+    for seed in SEEDS:
+        results[seed] = train_seed(trainer, seed)
+        # The untrained policy finishes (almost) nothing, whatever the seed.
+        assert results[seed]["before"] <= 0.1, results
+        passed.append(seed_passes(results[seed], trainer.config.max_steps))
+        failed_allowed = len(SEEDS) - SEEDS_REQUIRED
+        if passed.count(True) >= SEEDS_REQUIRED or passed.count(False) > failed_allowed:
+            break  # the verdict is settled
+    assert passed.count(True) >= SEEDS_REQUIRED, results
+    # One compiled update and eval for every seed.
+    assert trainer.trace_counts == {"update": 1, "eval": 1}

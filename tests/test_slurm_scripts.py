@@ -65,7 +65,8 @@ FAKE_SRUN = textwrap.dedent("""\
     while [[ $1 == --* ]]; do shift; done
     exec "$@"
 """)
-# The venv's python: records each call; as train_mixed.py it creates the run directory,
+# The venv's python: records each call (in STUB_LOG, and each argument in brackets in
+# STUB_LOG.argv, so the word splitting shows); as train_mixed.py it creates the run directory,
 # logs update 1 in the smoke (--max_updates 1) and writes a checkpoint in a real run. With
 # STUB_TRAIN_SLEEP it "trains" until TERM, then logs it and exits 75 as train_mixed.py does;
 # it creates the file STUB_TRAP_READY once its TERM trap is in place.
@@ -73,6 +74,8 @@ STUB_PYTHON = textwrap.dedent("""\
     #!/usr/bin/env bash
     echo "python $*${JAX_LOCAL_DEVICE_IDS:+ [JAX_LOCAL_DEVICE_IDS=$JAX_LOCAL_DEVICE_IDS]}" \
         >> "$STUB_LOG"
+    printf '[%s]' "$@" >> "$STUB_LOG.argv"
+    echo >> "$STUB_LOG.argv"
     script=$1
     shift
     case $script in
@@ -278,6 +281,18 @@ def calls(env) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 
 
+def python_argvs(env) -> list[list[str]]:
+    """Each stub python call's arguments, split as the job passed them."""
+    log = Path(env["STUB_LOG"] + ".argv")
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [re.findall(r"\[([^]]*)\]", line) for line in lines]
+
+
+def clear_calls(env) -> None:
+    for suffix in ("", ".argv"):
+        Path(env["STUB_LOG"] + suffix).unlink(missing_ok=True)
+
+
 def test_job_runs_guard_preflight_smoke_then_training_and_resumes_after_requeue(fakes):
     result = run_job(fakes, "train_solo_excavator_4gpu.sbatch", "--num_envs_per_device", "512")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -432,3 +447,58 @@ def test_sbatch_defaults_make_a_valid_config_for_their_gpus(script):
             config = resolve(args.config, devices)
             assert config.num_devices == (PRESETS[preset].num_devices or devices)
             assert config.eval_envs_per_device * config.num_devices == config.eval_episodes
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """The value after flag `name` in `argv` (the last one), or None."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == name]
+    return values[-1] if values else None
+
+
+def test_terra_run_name_names_the_run_and_a_new_job_resumes_it(fakes):
+    """TERRA_RUN_NAME, not <CONFIG>-<SLURM_JOB_ID>, names the real run (the smoke keeps its
+    own name under the job's directory); a later job with another SLURM_JOB_ID and the same
+    TERRA_RUN_NAME resumes that run instead of starting one."""
+    runs = Path(fakes["TERRA_RUNS_DIR"])
+    env = dict(fakes, TERRA_RUN_NAME="excavator-long")
+    first = run_job(env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    _, smoke, train = python_argvs(env)
+    assert option(smoke, "--run_name") == "smoke-r0"
+    assert option(smoke, "--runs_dir") == str(runs / "_jobs" / JOB_ID / "smoke")
+    assert option(train, "--run_name") == "excavator-long"
+    assert option(train, "--runs_dir") == str(runs)
+    assert "--resume" not in train
+    assert (runs / "excavator-long" / "checkpoints" / "100").is_dir()
+    assert not (runs / f"solo_excavator-{JOB_ID}").exists()
+    assert f"training finished: {runs / 'excavator-long'}" in first.stdout
+
+    clear_calls(env)
+    second = run_job(dict(env, SLURM_JOB_ID="888"))
+    assert second.returncode == 0, second.stdout + second.stderr
+    *_, resume = python_argvs(env)
+    assert resume[:3] == [str(REPO / "train_mixed.py"), "--resume", str(runs / "excavator-long")]
+    assert "--run_name" not in resume and "--config" not in resume
+    assert f"resuming {runs / 'excavator-long'} from checkpoint 100" in second.stdout
+    assert not (runs / "solo_excavator-888").exists()
+
+
+def test_terra_resume_args_reach_the_resume_only(fakes):
+    """TERRA_RESUME_ARGS are word-split onto the resume's command line, after the job's own
+    flags (so they may change what a resume allows); a new run and the smoke never get
+    them."""
+    env = dict(fakes, TERRA_RESUME_ARGS="--total_timesteps 900000  --log_eval_interval 50")
+    first = run_job(env, "train_solo_excavator_4gpu.sbatch", "--seed", "3")
+    assert first.returncode == 0, first.stdout + first.stderr
+    for argv in python_argvs(env):
+        assert "--total_timesteps" not in argv and "--log_eval_interval" not in argv, argv
+
+    clear_calls(env)
+    requeued = run_job(dict(env, SLURM_RESTART_COUNT="1"))
+    assert requeued.returncode == 0, requeued.stdout + requeued.stderr
+    _, smoke, resume = python_argvs(env)
+    assert "--total_timesteps" not in smoke
+    run_dir = f"{fakes['TERRA_RUNS_DIR']}/solo_excavator-{JOB_ID}"
+    assert resume == [str(REPO / "train_mixed.py"), "--resume", run_dir,
+                      "--compilation_cache_dir", fakes["TERRA_COMPILATION_CACHE_DIR"],
+                      "--total_timesteps", "900000", "--log_eval_interval", "50"]

@@ -1,11 +1,18 @@
 """The suite's own guarantees: every test runs under pytest-timeout, so a hang fails that
-test instead of stalling the run."""
+test instead of stalling the run; the slow marks of `make test-fast` name real tests and
+leave most of the suite in it."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
 
 
 def test_every_test_runs_under_a_timeout(pytestconfig):
@@ -27,3 +34,36 @@ def test_a_hanging_test_fails_at_its_timeout(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout[-2000:]
     assert "Timeout" in result.stdout and "1 failed" in result.stdout, result.stdout[-2000:]
+
+
+def test_the_slow_list_names_only_tests_that_exist():
+    """tests/conftest.py's SLOW_TESTS names files and test functions: a renamed or removed
+    one would silently leave its replacement in `make test-fast` (or out of the run order)."""
+    import conftest
+
+    stale = []
+    for name, functions in conftest.SLOW_TESTS.items():
+        path = TESTS / name
+        if not path.is_file():
+            stale.append(name)
+            continue
+        defined = {node.name for node in ast.parse(path.read_text()).body
+                   if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+        if functions == conftest.EVERY_TEST:
+            functions = () if defined else ("(any test)",)
+        stale += [f"{name}::{function}" for function in functions if function not in defined]
+    assert not stale, stale
+
+
+def test_make_test_fast_keeps_most_tests_and_marks_are_strict(pytestconfig):
+    """`make test-fast` (-m "not slow") runs at least 70% of the tests (a whole-suite run
+    is needed to count them), and an unregistered mark is an error."""
+    import conftest
+
+    assert pytestconfig.getoption("strict_markers")
+    assert any(line.startswith("slow:") for line in pytestconfig.getini("markers"))
+    collected = {name for name, _ in conftest.COLLECTED}
+    if collected != {path.name for path in TESTS.glob("test_*.py")}:
+        pytest.skip("only part of the suite was collected")
+    slow = sum(is_slow for _, is_slow in conftest.COLLECTED)
+    assert slow <= 0.3 * len(conftest.COLLECTED), (slow, len(conftest.COLLECTED))

@@ -1,44 +1,37 @@
-"""The pmapped update on 4 CPU devices, evaluation, resume, the gymnax adapter and the CLI.
+"""The pmapped update on 4 CPU devices, evaluation, resume, warm start and the compiles in the
+background, on one tiny excavation config (cpu_demo's trench maps and action mask, 8 envs per
+device, 8 steps, episodes of 12 steps so timeouts happen inside every rollout) compiled once
+for the test session.
 
-One tiny excavation config (cpu_demo's trench maps and action mask, 8 envs per device,
-8 steps, episodes of 12 steps so timeouts happen inside every rollout) is compiled once for
-the test session; the CLI and benchmark tests build the same shapes from the cpu_demo preset.
+Its helpers (`TINY`, `tiny_config`, `run_train`, `load_script`, ...) are shared: the CLI and
+the scripts on the same shapes are in test_trainer_cli.py, the gymnax adapter's training in
+test_trainer_gymnax.py (files of their own, so that a second worker can run them).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
-import io
-import json
 import math
 import re
-import shutil
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
-from PIL import Image
 
-import terra_rl.cli.main
 from terra_rl.algo.run_keys import INIT_STREAM, PARAMS_STREAM
-from terra_rl.analysis.failure_diagnosis import CATEGORIES
-from terra_rl.cli.main import main
 from terra_rl.config import TrainConfig, resolve
 from terra_rl.run.checkpointing import CheckpointStore
 from terra_rl.run.device_metrics import host_metrics
 from terra_rl.run.logger import RunLogger, read_metrics
-from terra_rl.run.train_loop import TrainResult, train
+from terra_rl.run.train_loop import train
 from terra_rl.run.trainer import (
     EVAL_COMPILER_OPTIONS,
     INIT_COMPILER_OPTIONS,
     build_trainer,
-    policy_config,
 )
 from terra_rl.run.warm_start import WarmStartError, load_init_params
 from terra_rl.validation.small import SMOKE_FIELDS
@@ -47,6 +40,8 @@ NUM_DEVICES = 4
 # The validation gates' tiny shapes, logging, evaluating and checkpointing often.
 TINY = dict(SMOKE_FIELDS, log_train_interval=1, log_eval_interval=2, checkpoint_interval=2)
 TINY_UPDATES = 4
+
+pytestmark = pytest.mark.slow  # minutes of compiles: `make test` runs it, `make test-fast` not
 
 
 def tiny_config(**changes) -> TrainConfig:
@@ -414,10 +409,13 @@ def test_an_eval_due_while_the_eval_compiles_runs_later_with_the_same_results(
 
 
 @pytest.mark.parametrize("eval_interval", [2, 1])
-def test_a_stop_does_not_wait_for_the_eval_compile(tiny_trainer, tmp_path, eval_interval):
-    """A stop request while the eval still compiles in the background: the stopped update
-    is logged and checkpointed at once, without the baseline eval, the due one or (every
-    update evaluated) the one deferred from update 1."""
+def test_a_stop_during_the_eval_compile_waits_for_it_and_loses_no_record(
+        tiny_trainer, tmp_path, eval_interval):
+    """A stop request while the eval still compiles in the background: the records waiting
+    for it (the baseline eval and, every update evaluated, the eval deferred from update 1)
+    and the stopped update's due eval are written before the checkpoint that covers them, in
+    the order of a run whose eval compiled first; a resume from that checkpoint then finds
+    every record up to it (tests/test_kill_points.py kills runs at such points)."""
     runner = tiny_trainer.init_runner()
     tiny_trainer.compile_update(runner)
     config = dataclasses.replace(tiny_trainer.config, log_eval_interval=eval_interval)
@@ -427,45 +425,12 @@ def test_a_stop_does_not_wait_for_the_eval_compile(tiny_trainer, tmp_path, eval_
     result = run_train(trainer, tmp_path, stop_requested=stop_after_polls(3))
     assert result.stopped and result.updates_done == 2
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [(r["update"], "eval/rewards" in r) for r in records] == [(1, False), (2, False)]
+    expected = {2: [(0, True), (1, False), (2, False), (2, True)],
+                1: [(0, True), (1, False), (1, True), (2, False), (2, True)]}[eval_interval]
+    assert [(r["update"], "eval/rewards" in r) for r in records] == expected
     store = CheckpointStore(tmp_path / "checkpoints")
-    assert store.latest_step() == 2 and store.best_step() is None
+    assert store.latest_step() == 2
     store.close()
-
-
-def test_gymnax_cartpole_trains():
-    config = resolve(
-        TrainConfig(
-            env="gymnax:CartPole-v1", num_devices=1, num_envs_per_device=8, num_steps=16,
-            total_timesteps=3 * 16 * 8, update_epochs=2, num_minibatches=2, eval_episodes=4,
-            precision="float32", compilation_cache_dir="", log_eval_interval=0,
-            updates_per_dispatch=1,
-        ),
-        jax.local_device_count(),
-    )
-    trainer = build_trainer(config)
-    runner = trainer.init_runner()
-    update_fn = trainer.compile_update(runner)
-    params_before = jax.device_get(runner.policy.params)
-    for _ in range(3):
-        runner, metrics = update_fn(runner, trainer.env_params)
-    metrics = host_metrics(metrics)
-    assert all(math.isfinite(metrics[k]) for k in ("train/actor_loss", "train/value_loss"))
-    # CartPole pays 1 for every step, the last included: the adapter's episode returns must
-    # equal its episode lengths, and a near-random policy balances for tens of steps.
-    assert metrics["train/episodes_finished"] >= 1
-    assert metrics["train/episode_return"] == pytest.approx(metrics["train/episode_length"])
-    assert 8 <= metrics["train/episode_length"] <= 200
-    # Every finished episode (counted when it started inside the rollout) ended with a done.
-    dones = metrics["train/done_rate"] * 16 * 8
-    assert dones == pytest.approx(round(dones)) and dones >= metrics["train/episodes_finished"]
-    assert not leaves_equal(params_before, jax.device_get(runner.policy.params))
-    # No success and no progress to report: those metrics are left out, not logged as 0.
-    assert not {"train/task_done_rate", "train/mean_episode_progress",
-                "train/max_episode_progress"} & set(metrics)
-    evals = trainer.evaluate(runner, update=3)
-    assert "eval/positive_terminations" not in evals  # gymnax has no success notion
-    assert evals["eval/action_0"] + evals["eval/action_1"] == pytest.approx(1.0)
 
 
 def test_the_init_compiles_once_and_its_level_changes_no_bit(tiny_trainer):
@@ -568,182 +533,6 @@ def test_abstract_runner_is_the_fresh_state_without_running_init(tiny_trainer):
     assert jax.tree.leaves(abstract)[0].shape[0] == NUM_DEVICES
 
 
-def test_several_updates_per_dispatch_match_one_per_dispatch(tmp_path):
-    """CartPole on 4 devices, 10 updates, evals every 4 and checkpoints every 5: three updates
-    per dispatch give the same final state and the same logged metrics, update by update,
-    as one per dispatch, with evals and checkpoints on their updates and one trace each."""
-
-    def cartpole(per_dispatch: int):
-        config = TrainConfig(
-            env="gymnax:CartPole-v1", num_devices=NUM_DEVICES, num_envs_per_device=4,
-            num_steps=16, total_timesteps=10 * 16 * 4 * NUM_DEVICES, update_epochs=2,
-            num_minibatches=2, eval_episodes=8, precision="float32", compilation_cache_dir="",
-            log_train_interval=1, log_eval_interval=4, checkpoint_interval=5,
-            updates_per_dispatch=per_dispatch)
-        return build_trainer(resolve(config, jax.local_device_count()), max_traces=1)
-
-    def logged(run_dir):
-        skip = ("wall_time", "performance/")
-        return [{k: v for k, v in record.items() if not k.startswith(skip)}
-                for record in read_metrics(run_dir / "metrics.jsonl")]
-
-    one, three = cartpole(1), cartpole(3)
-    straight = run_train(one, tmp_path / "one")
-    batched = run_train(three, tmp_path / "three")
-    assert batched.updates_done == straight.updates_done == 10
-    assert leaves_equal(jax.device_get(straight.runner), jax.device_get(batched.runner))
-    records = logged(tmp_path / "three")
-    assert records == logged(tmp_path / "one")
-    assert [r["update"] for r in records if "train/actor_loss" in r] == list(range(1, 11))
-    assert [r["update"] for r in records if "eval/rewards" in r] == [0, 4, 8, 10]
-    assert CheckpointStore(tmp_path / "three" / "checkpoints").all_steps() == [5, 10]
-    # Dispatches of 3, 1 (eval at 4), 1 (checkpoint at 5), 3, 2: one compiled function.
-    assert three.trace_counts == {"update": 1, "eval": 1}
-
-    # A stop request is polled after each dispatch: it stops after the first three updates.
-    stopped = run_train(three, tmp_path / "stopped", stop_requested=stop_after_polls(2))
-    assert stopped.stopped and stopped.updates_done == 3
-    assert CheckpointStore(tmp_path / "stopped" / "checkpoints").latest_step() == 3
-
-
-def cli_flags(runs_dir, run_name: str) -> list[str]:
-    """train_mixed.py flags for the tiny config on cpu_demo, two updates on 4 devices."""
-    flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
-             "--wandb_mode", "disabled", "--compilation_cache_dir", ""]
-    for name, value in TINY.items():
-        if name not in ("preset", "wandb_mode", "compilation_cache_dir", "map_types",
-                        "curriculum", "use_action_mask", "use_compass",
-                        "use_dig_distance", "use_pose_distance", "mask_cut_off_digs",
-                        "stall_steps"):  # cpu_demo's
-            flags += [f"--{name}", str(value)]
-    return flags + ["--num_devices", str(NUM_DEVICES), "--total_timesteps", str(2 * 8 * 8 * 4)]
-
-
-@pytest.fixture(scope="module")
-def tiny_cli_run(tmp_path_factory):
-    """(run directory, stdout) of `train_mixed.py` on `cli_flags`, trained in this process
-    once: it compiles for over a minute, so the tests that read a trained run share it, and a
-    test that changes the run works on a copy."""
-    root = tmp_path_factory.mktemp("tiny_cli_run")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(cli_flags(root, "run")) == 0
-    return root / "run", stdout.getvalue()
-
-
-def test_cli_runs_and_resumes(tiny_cli_run, tmp_path, capsys):
-    trained, stdout = tiny_cli_run
-    *_, directory_line, headline = stdout.strip().splitlines()
-    assert directory_line == f"run directory: {trained}"
-    assert re.fullmatch(r"held-out completion rate \(\d+ maps\): greedy \d+\.\d%, "
-                        r"sampled \d+\.\d%", headline)
-    run_dir = tmp_path / "cli"
-    shutil.copytree(trained, run_dir)
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["num_devices"] == NUM_DEVICES and config["preset"] == "cpu_demo"
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert "jax" in manifest["packages"] and manifest["argv"][0] == "train_mixed.py"
-
-    # As if a crash had come after logging update 3 but before its checkpoint, mid-write.
-    with open(run_dir / "metrics.jsonl", "a") as metrics_file:
-        metrics_file.write('{"update": 3, "env_step": 768, "train/actor_loss": 9.0}\n{"upd')
-    capsys.readouterr()
-    assert main(["--resume", str(run_dir), "--total_timesteps", str(3 * 8 * 8 * 4)]) == 0
-    out = capsys.readouterr().out
-    assert "config changes: total_timesteps: 512 -> 768" in out
-    assert "dropped 2 metrics.jsonl record(s) after update 2" in out
-    assert json.loads((run_dir / "config.json").read_text())["total_timesteps"] == 768
-    records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["update"] for r in records if "train/actor_loss" in r] == [1, 2, 3]
-    assert 9.0 not in [r["train/actor_loss"] for r in records if "train/actor_loss" in r]
-    assert CheckpointStore(run_dir / "checkpoints").latest_step() == 3
-    resumes = json.loads((run_dir / "manifest.json").read_text())["resumes"]
-    assert len(resumes) == 1
-
-    # The persisted total holds: a second resume has nothing to do, says so, exits 3.
-    with pytest.raises(SystemExit) as nothing:
-        main(["--resume", str(run_dir)])
-    assert nothing.value.code == 3
-    assert "already at update 3 of 3: nothing to do" in capsys.readouterr().err
-
-    # A checkpoint of another network (here: a wider trunk in config.json) stops the resume
-    # with one line and exit 2, not a traceback.
-    config["hidden_dim"] = 2 * TINY["hidden_dim"]
-    (run_dir / "config.json").write_text(json.dumps(config))
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stopped:
-        main(["--resume", str(run_dir), "--total_timesteps", str(4 * 8 * 8 * 4)])
-    assert stopped.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith("train_mixed.py: error: ") and "trunk" in error
-
-
-def test_cli_warm_start_passes_the_checkpoint_or_stops_with_one_line(tiny_cli_run, tmp_path,
-                                                                      capsys, monkeypatch):
-    """`--init_params` reaches `train` as the checkpoint's parameters (train itself is
-    replaced here: the test above trains from them); a missing run or another network
-    stops before anything compiles, exit 2 and one line."""
-    trained = tiny_cli_run[0]
-    passed = {}
-
-    def fake_train(trainer, logger, checkpoints, **kwargs):
-        passed.update(kwargs)
-        return TrainResult(None, 0, 0, {}, {}, 0.0)
-
-    monkeypatch.setattr(terra_rl.cli.main, "train", fake_train)
-    restored = ocp.StandardCheckpointer().restore(trained / "checkpoints" / "2" / "state")
-    expected = jax.tree.map(lambda x: np.asarray(x)[0], restored["policy"]["params"])
-    flags = cli_flags(tmp_path, "warm")
-    assert main([*flags, "--init_params", str(trained), "--init_params_checkpoint", "2"]) == 0
-    assert leaves_equal(passed["init_params"], expected)
-    assert f"policy parameters from {trained} (update 2)" in capsys.readouterr().out
-    assert json.loads((tmp_path / "warm" / "config.json").read_text())["init_params"] == str(
-        trained)
-
-    errors = {
-        "nowhere": (["--init_params", str(tmp_path / "nowhere")], "holds no checkpoints/"),
-        "wider": (["--init_params", str(trained), "--hidden_dim", str(2 * TINY["hidden_dim"])],
-                  "the network must match"),
-        "which": (["--init_params", str(trained), "--init_params_checkpoint", "last"],
-                  "must be latest, best or an update number"),
-    }
-    for name, (extra, phrase) in errors.items():
-        with pytest.raises(SystemExit) as stopped:
-            main([*cli_flags(tmp_path, name), *extra])
-        assert stopped.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("train_mixed.py: error: ") and phrase in err[0]
-        assert not (tmp_path / name).exists(), name
-
-
-def test_cli_max_updates_counts_in_total_and_exits_3_when_already_there(
-        tiny_cli_run, tmp_path, capsys, monkeypatch):
-    """`--max_updates N` on a resume: a run whose checkpoint is at N has nothing to do, exits
-    3 and writes nothing, even when its total is further; otherwise N reaches `train` as
-    `stop_after` (train itself is replaced: the test above trains to it)."""
-    run_dir = tmp_path / "run"
-    shutil.copytree(tiny_cli_run[0], run_dir)  # at update 2 of 2
-    before = [(run_dir / name).read_text() for name in ("config.json", "manifest.json")]
-    four_updates = str(4 * 8 * 8 * 4)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as nothing:
-        main(["--resume", str(run_dir), "--total_timesteps", four_updates, "--max_updates", "2"])
-    assert nothing.value.code == 3
-    assert "is already at update 2 of 2: nothing to do" in capsys.readouterr().err
-    assert [(run_dir / name).read_text() for name in ("config.json", "manifest.json")] == before
-
-    passed = {}
-
-    def fake_train(trainer, logger, checkpoints, **kwargs):
-        passed.update(kwargs)
-        return TrainResult(None, 3, 0, {}, {}, 0.0)
-
-    monkeypatch.setattr(terra_rl.cli.main, "train", fake_train)
-    assert main(["--resume", str(run_dir), "--total_timesteps", four_updates,
-                 "--max_updates", "3"]) == 0
-    assert passed["stop_after"] == 3 and passed["resume"] is True
-
-
 def load_script(name: str):
     path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -751,99 +540,3 @@ def load_script(name: str):
     sys.modules[name] = script  # a script's dataclasses look their module up there
     spec.loader.exec_module(script)
     return script
-
-
-def test_play_episode_from_a_trained_checkpoint(tiny_cli_run, tmp_path, capsys, monkeypatch):
-    """A tiny trained run's policy plays a held-out map: one GIF frame per step, its
-    checkpoints chosen by name; a run without checkpoints or of another env is refused."""
-    run_dir = tiny_cli_run[0]
-    play = load_script("play_episode")
-    played = []
-    load = play.load_trained_policy
-    monkeypatch.setattr(play, "load_trained_policy",
-                        lambda *args: played.append(load(*args)) or played[-1])
-    # The second run dir is relative to the working directory, as a user types it.
-    monkeypatch.chdir(run_dir.parent)
-    for step, sample, where in (("latest", False, str(run_dir)), ("2", True, run_dir.name)):
-        out = tmp_path / f"{step}.gif"
-        capsys.readouterr()
-        assert play.main(["--checkpoint", where, "--checkpoint-step", step,
-                          "--map-index", "5", "--tile-pixels", "2", "--out", str(out),
-                          *(["--sample"] if sample else [])]) == 0
-        lines = capsys.readouterr().out.strip().splitlines()
-        assert lines[0].endswith(f"checkpoint of update 2, held-out map 5 of 8, "
-                                 f"{'sampled' if sample else 'greedy'}")
-        steps = int(lines[-1].split("steps=")[1].split()[0])
-        assert 1 <= steps <= TINY["max_steps"]  # the eval env's horizon, no stall limit
-        with Image.open(out) as gif:
-            assert gif.n_frames == steps
-
-    errors = {
-        "no checkpoint": (["--checkpoint", str(tmp_path / "nowhere")], "does not exist"),
-        "map index": (["--checkpoint", str(run_dir), "--map-index", "8"], "not below the run's 8"),
-        "policy too": (["--checkpoint", str(run_dir), "--policy", "eager"], "exclude each other"),
-        "step": (["--checkpoint", str(run_dir), "--checkpoint-step", "7"], "no checkpoint 7"),
-    }
-    other = tmp_path / "cartpole"
-    other.mkdir()
-    (other / "config.json").write_text(json.dumps({"env": "gymnax:CartPole-v1"}))
-    errors["another env"] = (["--checkpoint", str(other)], "excavation runs only")
-    for name, (args, phrase) in errors.items():
-        with pytest.raises(SystemExit) as stopped:
-            play.main([*args, "--out", str(tmp_path / "x.gif")])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert stopped.value.code == 2 and len(err) == 1 and phrase in err[0], (name, err)
-    assert not (tmp_path / "x.gif").exists()
-
-    # The run has no wheeled excavators, but a caller may play one (--agent-type wheeled).
-    assert played and not policy_config(played[0].config).wheeled_agents
-    assert all(trained.policy.config.wheeled_agents for trained in played)
-
-
-def test_diagnose_failures_judges_every_held_out_episode(tiny_cli_run, tmp_path, capsys):
-    """`scripts/diagnose_failures.py`: each held-out episode of a tiny trained run is played
-    to task_done or the horizon and judged once."""
-    run_dir = tiny_cli_run[0]
-    script = load_script("diagnose_failures")
-    out = tmp_path / "failures.json"
-    capsys.readouterr()
-    assert script.main(["--checkpoint", str(run_dir), "--maps", "3",
-                        "--json", str(out)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == "checkpoint of update 2, 3 held-out maps, greedy"
-    report = json.loads(out.read_text())
-    episodes, counts = report["episodes"], report["counts"]
-    assert list(counts) == list(CATEGORIES) and sum(counts.values()) == len(episodes) == 3
-    for episode in episodes:
-        assert episode["category"] in CATEGORIES
-        if episode["category"] == "done":
-            assert episode["progress"] == 1.0 and episode["steps"] <= TINY["max_steps"]
-        else:  # played to the eval horizon, no stall limit
-            assert episode["steps"] == TINY["max_steps"] and episode["progress"] < 1.0
-        assert (episode["solver_steps"] > 0) == (episode["category"] == "stalled while solvable")
-        assert sum(episode["loop_actions"].values()) <= 40
-
-    with pytest.raises(SystemExit) as error:
-        script.main(["--checkpoint", str(run_dir), "--maps", "99"])
-    assert error.value.code == 2
-    assert "more than the run's 8 held-out maps" in capsys.readouterr().err
-
-
-def test_benchmark_train_script(tmp_path, capsys):
-    script = load_script("benchmark_train")
-    skip = ("preset", "compilation_cache_dir", "map_types", "curriculum", "use_action_mask",
-            "use_compass", "use_dig_distance", "use_pose_distance", "mask_cut_off_digs",
-            "stall_steps")
-    sets = [f"{name}={value}" for name, value in TINY.items() if name not in skip]
-    sets += [f"num_devices={NUM_DEVICES}"]
-    args = ["--config", "cpu_demo", "--updates", "1", "--json", str(tmp_path / "b.json")]
-    for pair in sets:
-        args += ["--set", pair]
-    assert script.main(args) == 0
-    record = json.loads((tmp_path / "b.json").read_text())
-    assert record["env_steps_per_update"] == 8 * 8 * NUM_DEVICES
-    assert record["steps_per_second"] > 0 and record["compile_seconds"] > 0
-    assert "env steps/s" in capsys.readouterr().out
-    with pytest.raises(SystemExit) as error:
-        script.main(["--set", "no_such_field=1"])
-    assert error.value.code == 2

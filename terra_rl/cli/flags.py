@@ -175,6 +175,18 @@ def distributed_options(args: dict[str, typing.Any], parser) -> DistributedOptio
     return options
 
 
+def flags_given(argv: list[str], fields: set[str]) -> list[str]:
+    """The flags in `argv` that set `fields`, as typed (`--disable_action_mask`, not the
+    field's name `--use_action_mask`), sorted."""
+    typed = {arg.partition("=")[0] for arg in argv if arg.startswith("--")}
+    flags = set()
+    for field in fields:
+        name = bool_flag_name(field)
+        spellings = (f"--{field}", f"--enable_{name}", f"--disable_{name}", f"--{name}")
+        flags |= {flag for flag in spellings if flag in typed} or {f"--{field}"}
+    return sorted(flags)
+
+
 def _comma_tuple(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -198,11 +210,11 @@ def parse_train_args(argv: list[str], prog: str = "train_mixed.py") -> TrainArgs
     if resume is not None:
         if any(arg == "--config" or arg.startswith("--config=") for arg in argv):
             parser.error("--config cannot be combined with --resume (the run keeps its config)")
-        fixed = sorted(set(overrides) - RESUMABLE_FIELDS)
+        fixed = set(overrides) - RESUMABLE_FIELDS
         if fixed:
             parser.error(
                 f"--resume keeps the run's config; these flags cannot change: "
-                f"{', '.join('--' + name for name in fixed)}"
+                f"{', '.join(flags_given(argv, fixed))}"
             )
         return TrainArgs(config=base, resume=resume, overrides=overrides, distributed=launch,
                          max_updates=max_updates)

@@ -102,14 +102,16 @@ def cli() -> None:
     """`train_mixed.py`'s entry: `sys.exit(main())`, except while a compile still runs in
     the background.
 
-    A stop or an error during the first updates can come while the eval still compiles
-    beside them, and the interpreter waits for that compile's thread before it exits (XLA
-    cannot cancel a compile): for `cpu_demo` on the 2-core CPU 10 s after the stop's
-    checkpoint, and past Slurm's `KillWait` (30 s by default) for an eval whose compile
-    takes longer, which would turn the checkpointed stop's exit 75 into a kill. By the time
-    `main` returns or raises, everything the run writes is saved and closed (checkpoints are
-    synchronous), so then the output is flushed and the process ends at once, with the same
-    exit code (an uncaught exception: its traceback and 1; Ctrl-C: 130).
+    A stop with no eval waiting, or an error, during the first updates can come while the
+    eval still compiles beside them (a stop with evals waiting waits for the compile and
+    writes their records before its checkpoint), and the interpreter waits for that
+    compile's thread before it exits (XLA cannot cancel a compile): for `cpu_demo` on the
+    2-core CPU 10 s after the stop's checkpoint, and past Slurm's `KillWait` (30 s by
+    default) for an eval whose compile takes longer, which would turn the checkpointed
+    stop's exit 75 into a kill. By the time `main` returns or raises, everything the run
+    writes is saved and closed (checkpoints are synchronous), so then the output is flushed
+    and the process ends at once, with the same exit code (an uncaught exception: its
+    traceback and 1; Ctrl-C: 130).
     """
     try:
         code = main()

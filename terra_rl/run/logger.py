@@ -48,7 +48,8 @@ def to_json_value(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends one JSON object per `write` to a JSON-lines file, flushed on every write.
+    """Appends one JSON object per `write` to a JSON-lines file, flushed on every write (to
+    the operating system: a killed process loses none); `sync` also puts them on the disk.
 
     Each line holds `update`, `env_step`, `wall_time` (Unix time in seconds, so lines written
     before and after a resume share one clock) and the metrics; NaN/inf become null.
@@ -71,6 +72,13 @@ class MetricsWriter:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         return record
+
+    def sync(self) -> None:
+        """Waits until every record written is on the disk (a crash of the machine keeps
+        them too): the trainer calls it before each checkpoint, which covers them."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         if self._file is not None:
@@ -353,6 +361,10 @@ class RunLogger:
     def progress(self, update: int, env_step: int, steps_per_second: float | None) -> None:
         self.progress_display.update(update, env_step, steps_per_second, self.last_eval)
 
+    def sync(self) -> None:
+        """Puts every metrics.jsonl record logged so far on the disk (`MetricsWriter.sync`)."""
+        self.metrics.sync()
+
     def message(self, text: str) -> None:
         self.progress_display.message(text)
 
@@ -388,6 +400,9 @@ class NullRunLogger:
         pass
 
     def progress(self, update: int, env_step: int, steps_per_second: float | None) -> None:
+        pass
+
+    def sync(self) -> None:
         pass
 
     def message(self, text: str) -> None:

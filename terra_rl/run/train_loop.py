@@ -94,6 +94,12 @@ def train(
     (`config.best_metric`, higher is better) is saved at every eval that improves it, between
     periodic checkpoints too.
 
+    A checkpoint of update N is saved only once every record up to N (train logs, evals) is
+    written to metrics.jsonl and flushed to disk, so a resume from it, which cuts the file
+    back to N and logs what follows again, finds each record exactly once. Records that wait
+    for the eval's background compile therefore hold back a checkpoint (periodic, best or a
+    stop's) until the compile is done and they are written.
+
     Every process of a multi-process run calls this with the same config; `logger` and
     `checkpoints` write only on process 0 (`distributed.is_writer`); all processes restore.
     A stop request on any process stops them all after the same update.
@@ -205,6 +211,20 @@ def train(
         baseline_params = None
         return metrics
 
+    def save_checkpoint(update: int, host_state: Any, metrics: dict[str, float] | None,
+                        periodic: bool, best: bool) -> None:
+        """Saves `update`'s state (periodic: the last-K checkpoint, else only the best), once
+        every record up to `update` is written: they are flushed to disk first, so no
+        checkpoint covers a record that a crash could still lose. Every process calls it;
+        only process 0 writes."""
+        logger.sync()
+        if distributed.is_writer():
+            if periodic:
+                checkpoints.save(update, host_state, config.to_dict(), metrics, best=best)
+            else:
+                checkpoints.save_best(update, host_state, config.to_dict(), metrics)
+        distributed.barrier("checkpoint")  # the others wait here, not in a collective
+
     def log_deferred_evals(best_value: float | None) -> tuple[dict[str, float], float | None]:
         """The deferred evals, oldest first, each of the parameters of its update and logged
         after that update's train logs; a new best saves that update's state, as it would
@@ -216,9 +236,7 @@ def train(
             logger.log_eval(update, env_steps, metrics)
             if _improves(metrics.get(config.best_metric), best_value):
                 best_value = metrics[config.best_metric]
-                if distributed.is_writer():
-                    checkpoints.save_best(update, host_state, config.to_dict(), metrics)
-                distributed.barrier("checkpoint")
+                save_checkpoint(update, host_state, metrics, periodic=False, best=True)
         return metrics, best_value
 
     if baseline_eval and baseline_params is None:
@@ -256,22 +274,26 @@ def train(
                     compile_logged = True
                 pending_train_logs.append((finished, train_metrics))
         eval_ready = trainer.eval_compiled()
-        if stopped and not eval_ready:
-            # A stop does not wait for the eval's compile: the checkpoint comes first.
-            eval_due = False
         if (eval_due and not eval_ready and len(deferred_evals) < MAX_DEFERRED_EVALS
                 and not is_last and not checkpoint_due):
             host_state = distributed.gather_to_host(runner, trainer.sharding)
             deferred_evals.append((done, env_steps, host_state))
             eval_due = False
-        catch_up = eval_ready or eval_due or (is_last and not stopped)
+        # The records waiting for the eval's compile are written once it is done, or before
+        # an eval that runs now, a checkpoint or the end (the last update or a stop): these
+        # wait for the compile, since a checkpoint of `done` must follow every record up to
+        # `done` (a resume logs only the updates after it again).
+        catch_up = eval_ready or eval_due or checkpoint_due or is_last
         baseline_due = baseline_params is not None and catch_up
+        deferred_due = bool(deferred_evals) and catch_up
+        if stopped and not eval_ready and (baseline_due or deferred_due or eval_due):
+            logger.message(f"stop requested at update {done}: waiting for the eval's compile, "
+                           "whose records come before the checkpoint")
         if baseline_due:
             eval_metrics = log_baseline_eval(runner, done - start)
-        deferred_due = bool(deferred_evals) and catch_up
         if deferred_due:
             eval_metrics, best_value = log_deferred_evals(best_value)
-        if (baseline_params is None and not deferred_evals) or stopped:
+        if baseline_params is None and not deferred_evals:
             log_train_up_to(math.inf)
         new_best = False
         if eval_due:
@@ -283,15 +305,11 @@ def train(
         if logged or eval_due:
             logger.progress(done, env_steps, train_metrics.get("performance/steps_per_second"))
         if checkpoint_due or new_best:
-            # Every process takes part in the gather; only process 0 writes.
+            # Every process takes part in the gather. Nothing waits for the eval's compile
+            # here (`catch_up`): every record up to `done` is written.
             host_state = distributed.gather_to_host(runner, trainer.sharding)
-            if distributed.is_writer():
-                metrics = eval_metrics if eval_due else None
-                if checkpoint_due:
-                    checkpoints.save(done, host_state, config.to_dict(), metrics, best=new_best)
-                else:
-                    checkpoints.save_best(done, host_state, config.to_dict(), metrics)
-            distributed.barrier("checkpoint")  # the others wait here, not in a collective
+            save_checkpoint(done, host_state, eval_metrics if eval_due else None,
+                            periodic=checkpoint_due, best=new_best)
         if config.cache_clear_interval and done % config.cache_clear_interval == 0:
             jax.clear_caches()
         if logged or eval_due or checkpoint_due or new_best or baseline_due or deferred_due:
