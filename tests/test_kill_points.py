@@ -19,30 +19,22 @@ import sys
 import time
 from pathlib import Path
 
-import jax
 import pytest
+from tiny_runs import cache_flags, train_flags
 
 from terra_rl.cli.main import EXIT_STOPPED
 from terra_rl.run.checkpointing import CheckpointStore
 from terra_rl.run.logger import read_metrics
-from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
-NUM_DEVICES = 4
 UPDATES = 8
 EVAL_INTERVAL = 3
 CHECKPOINT_INTERVAL = 2
-STEPS_PER_UPDATE = SMOKE_FIELDS["num_envs_per_device"] * SMOKE_FIELDS["num_steps"] * NUM_DEVICES
 EVAL_UPDATES = (0, 3, 6, 8)  # the baseline, every EVAL_INTERVAL updates and the last
 # An uninterrupted run's records in metrics.jsonl: (update, kind), in their order.
 EXPECTED = [(0, "eval")] + [
     (update, kind) for update in range(1, UPDATES + 1)
     for kind in ("train", "eval") if kind == "train" or update in EVAL_UPDATES]
-CPU_DEMO_FIELDS = ("preset", "wandb_mode", "compilation_cache_dir", "map_types", "curriculum",
-                   "use_action_mask", "use_compass", "use_dig_distance", "use_pose_distance",
-                   "mask_cut_off_digs", "stall_steps")
-
-
 class Run:
     """A run directory and the `train_mixed.py` processes that train it, all through
     `tests/kill_train.py`, with their output appended to one log."""
@@ -54,8 +46,9 @@ class Run:
         self.processes = 0
 
     def start(self, *gates: str, resume: bool = False) -> subprocess.Popen:
-        cache = ["--compilation_cache_dir", jax.config.jax_compilation_cache_dir or ""]
-        flags = ["--resume", str(self.dir), *cache] if resume else self.flags(cache)
+        flags = (["--resume", str(self.dir), *cache_flags()] if resume else
+                 train_flags(self.tmp_path, self.name, UPDATES, EVAL_INTERVAL,
+                             CHECKPOINT_INTERVAL))
         self.processes += 1
         self.gates = self.tmp_path / f"gates_{self.name}_{self.processes}"
         self.gates.mkdir()
@@ -65,17 +58,6 @@ class Run:
             return subprocess.Popen([sys.executable, str(REPO / "tests" / "kill_train.py"),
                                      *flags], cwd=REPO, env=env, stdout=out,
                                     stderr=subprocess.STDOUT)
-
-    def flags(self, cache: list[str]) -> list[str]:
-        flags = ["--config", "cpu_demo", "--runs_dir", str(self.tmp_path), "--run_name",
-                 self.name, "--wandb_mode", "disabled", *cache]
-        for name, value in SMOKE_FIELDS.items():
-            if name not in CPU_DEMO_FIELDS:
-                flags += [f"--{name}", str(value)]
-        return flags + [*PLAIN_ENV_FLAGS, "--num_devices", str(NUM_DEVICES),
-                        "--total_timesteps", str(UPDATES * STEPS_PER_UPDATE),
-                        "--log_train_interval", "1", "--log_eval_interval", str(EVAL_INTERVAL),
-                        "--checkpoint_interval", str(CHECKPOINT_INTERVAL)]
 
     def wait_for_gate(self, process: subprocess.Popen, *gates: str,
                       timeout_s: float = 300) -> str:

@@ -24,32 +24,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from tiny_runs import cache_flags, train_flags
 
 from terra_rl.cli.main import EXIT_STOPPED, STOP_SIGNALS, StopRequest
 from terra_rl.run.checkpointing import CheckpointStore
 from terra_rl.run.logger import read_metrics
-from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
-NUM_DEVICES = 4
 UPDATES = 8
-STEPS_PER_UPDATE = 8 * 8 * NUM_DEVICES
-CPU_DEMO_FIELDS = ("preset", "wandb_mode", "compilation_cache_dir", "map_types", "curriculum",
-                   "use_action_mask", "use_compass", "use_dig_distance", "use_pose_distance",
-                   "mask_cut_off_digs",
-                   "stall_steps")
-
-
-def train_flags(runs_dir: Path, run_name: str) -> list[str]:
-    flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
-             "--wandb_mode", "disabled", "--compilation_cache_dir",
-             jax.config.jax_compilation_cache_dir or ""]
-    for name, value in SMOKE_FIELDS.items():
-        if name not in CPU_DEMO_FIELDS:
-            flags += [f"--{name}", str(value)]
-    return flags + [*PLAIN_ENV_FLAGS, "--num_devices", str(NUM_DEVICES), "--total_timesteps",
-                    str(UPDATES * STEPS_PER_UPDATE), "--log_train_interval", "1",
-                    "--log_eval_interval", "4", "--checkpoint_interval", "2"]
 
 
 def start(args: list[str], log: Path, gates: tuple[str, ...] = (),
@@ -104,18 +86,17 @@ def without_timings(record: dict) -> dict:
 def test_sigterm_and_kill_9_then_resume_match_an_uninterrupted_run(tmp_path):
     # Every run is its own process, so that all compile once, into the persistent cache.
     straight_log = tmp_path / "straight.log"
-    assert start(train_flags(tmp_path, "straight"), straight_log).wait(timeout=600) == 0, \
+    assert start(train_flags(tmp_path, "straight", UPDATES), straight_log).wait(timeout=600) == 0, \
         straight_log.read_text()[-3000:]
     run_dir, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
-    resume = ["--resume", str(run_dir), "--compilation_cache_dir",
-              jax.config.jax_compilation_cache_dir or ""]
+    resume = ["--resume", str(run_dir), *cache_flags()]
 
     # SIGTERM while training, held after update 3's dispatch (and the eval's background
     # compile, so the baseline eval is logged): update 3 is logged and checkpointed (off the
     # checkpoint interval), exit 75.
     gates = tmp_path / "gates_sigterm"
     gates.mkdir()
-    process = start(train_flags(tmp_path, "interrupted"), log, ("update_3",), gates)
+    process = start(train_flags(tmp_path, "interrupted", UPDATES), log, ("update_3",), gates)
     wait_for(lambda: reached(gates, "update_3"), process, "update 3")
     process.send_signal(signal.SIGTERM)
     wait_for(lambda: "SIGTERM received" in log.read_text(), process, "the SIGTERM handler")

@@ -25,41 +25,16 @@ import sys
 import typing
 from pathlib import Path
 
-import jax
 import pytest
+from tiny_runs import STEPS_PER_UPDATE, cache_flags, train_flags
 
 from terra_rl.cli.flags import RESUMABLE_FIELDS, bool_flag_name, parse_train_args
 from terra_rl.cli.main import main
 from terra_rl.config import TrainConfig, get_preset
 from terra_rl.run.checkpointing import CheckpointStore
 from terra_rl.run.logger import read_metrics
-from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
-NUM_DEVICES = 4
-STEPS_PER_UPDATE = 8 * 8 * NUM_DEVICES
-# cpu_demo's own settings: not passed as flags.
-CPU_DEMO_FIELDS = ("preset", "wandb_mode", "compilation_cache_dir", "map_types", "curriculum",
-                   "use_action_mask", "use_compass", "use_dig_distance", "use_pose_distance",
-                   "mask_cut_off_digs", "stall_steps")
-
-
-def train_flags(runs_dir: Path, run_name: str, updates: int) -> list[str]:
-    flags = ["--config", "cpu_demo", "--runs_dir", str(runs_dir), "--run_name", run_name,
-             "--wandb_mode", "disabled", *cache_flags()]
-    for name, value in SMOKE_FIELDS.items():
-        if name not in CPU_DEMO_FIELDS:
-            flags += [f"--{name}", str(value)]
-    return flags + [*PLAIN_ENV_FLAGS, "--num_devices", str(NUM_DEVICES), "--total_timesteps",
-                    str(updates * STEPS_PER_UPDATE), "--log_train_interval", "1",
-                    "--log_eval_interval", "4", "--checkpoint_interval", "2"]
-
-
-def cache_flags() -> list[str]:
-    """The suite's persistent compilation cache (tests/conftest.py), for the processes."""
-    return ["--compilation_cache_dir", jax.config.jax_compilation_cache_dir or ""]
-
-
 def train_mixed(args: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("DATASET_PATH", "DATASET_SIZE")}
     return subprocess.run([sys.executable, str(REPO / "train_mixed.py"), *args], cwd=REPO,
