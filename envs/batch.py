@@ -8,6 +8,12 @@ branches every step.) Inside it, the finished envs are gathered, reset and scatt
 staggered ages about num_envs / max_steps envs finish per step), and a single compiled copy
 of the reset whatever the count. The observation, with its action mask, is taken once,
 of the states after the resets.
+With a cut-off rule (`EnvConfig.mask_cut_off_digs` / `mask_cut_off_dumps`), the mask's flood
+fill over the whole map runs only for the envs whose observation it changes (DO is possible
+and one the rule checks; about one env in six under random actions at 64x64): each env's
+observation is taken both ways the test can answer, and those envs are gathered, tested and
+scattered back `max_cut_off_checks` at a time (`observe`, `default_cut_off_checks`). The
+result is the per-env observation's, bit for bit.
 `step_reference` resets every env unconditionally and selects. Each env's reset key is the
 same on every path, so all paths give identical results, which the parity tests check.
 """
@@ -39,6 +45,7 @@ class BatchEnv:
         params: EnvParams,
         num_envs: int,
         max_partial_resets: int | None = None,
+        max_cut_off_checks: int | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -48,6 +55,11 @@ class BatchEnv:
         if max_partial_resets is None:
             max_partial_resets = max(1, -(-num_envs // 32))
         self.max_partial_resets = min(max_partial_resets, num_envs)
+        if max_cut_off_checks is None:
+            max_cut_off_checks = default_cut_off_checks(num_envs, jax.default_backend())
+        if max_cut_off_checks < 1:
+            raise ValueError(f"max_cut_off_checks must be >= 1, got {max_cut_off_checks}")
+        self.max_cut_off_checks = min(max_cut_off_checks, num_envs)
         num_wheeled = int(round(env.config.wheeled_fraction * num_envs))
         types = np.full((num_envs,), A.TRACKED, np.int32)
         types[num_envs - num_wheeled :] = A.WHEELED
@@ -167,7 +179,7 @@ class BatchEnv:
             new_state, refused = reset_all(carry)
         else:
             new_state, refused = jax.lax.cond(jnp.any(done), reset_chunks, lambda x: x, carry)
-        new_obs = jax.vmap(self.env.observation)(new_state)
+        new_obs = self.observe(new_state)
         new_state = jax.vmap(self.env.remember_refusals)(new_state, new_obs)
         if remembers:
             # A finished episode's last observation carries the refusals a training
@@ -177,6 +189,43 @@ class BatchEnv:
         final_obs = select_where(done, pre_obs, new_obs)
         info = dict(info, final_observation=final_obs, action_mask=final_obs["action_mask"])
         return new_obs, new_state, reward, terminated, truncated, info
+
+    def observe(self, state: EnvState) -> dict:
+        """The observation of every env (obs dict of [num_envs, ...]), equal to
+        `jax.vmap(env.observation)(state)`. With a cut-off rule, the flood fill runs only
+        where its answer changes the observation, `max_cut_off_checks` envs at a time in a
+        `lax.while_loop` (one compiled copy of the test, one pass in the usual case)."""
+        if not self.env.checks_cut_off:
+            return jax.vmap(self.env.observation)(state)
+        if_kept, if_cut, arguments = jax.vmap(self.env.observation_either_way)(state)
+        differs = jax.tree.map(
+            lambda a, b: jnp.any((a != b).reshape(a.shape[0], -1), axis=1), if_kept, if_cut)
+        needed = functools.reduce(jnp.logical_or, jax.tree.leaves(differs))
+        chunk = self.max_cut_off_checks
+        (index,) = jnp.nonzero(needed, size=self.num_envs + chunk, fill_value=self.num_envs)
+        test = jax.vmap(self.env.targets_cut_off)
+
+        def check_one_chunk(carry):
+            start, cut = carry
+            part = jax.lax.dynamic_slice(index, (start,), (chunk,))
+            gather = jnp.minimum(part, self.num_envs - 1)
+            answers = test(*(x[gather] for x in arguments))
+            return start + chunk, cut.at[part].set(answers, mode="drop")
+
+        count = jnp.sum(needed)
+        _, cut = jax.lax.while_loop(lambda carry: carry[0] < count, check_one_chunk,
+                                    (jnp.int32(0), jnp.zeros((self.num_envs,), bool)))
+        return select_where(cut, if_cut, if_kept)
+
+
+def default_cut_off_checks(num_envs: int, backend: str) -> int:
+    """`BatchEnv`'s default `max_cut_off_checks`. On a CPU an eighth of the batch: the work
+    is the sweeps times the envs in a pass, and a pass sweeps as long as its slowest env,
+    so small passes waste least (measured in docs/PERFORMANCE.md). Elsewhere half the batch,
+    so that one pass covers the usual count (about a sixth of the envs under random
+    actions): an accelerator's sweep takes about as long for few envs as for many, and a
+    second pass would double it."""
+    return max(1, -(-num_envs // (8 if backend == "cpu" else 2)))
 
 
 def select_where(mask: jax.Array, on_true, on_false):

@@ -46,7 +46,7 @@ class ExcavationEnv:
         self.config = config
         self._displacements = geo.move_displacements(config.move_step)
         self._extents = geo.footprint_extents(config)
-        self._targets_cut_off = reachability.make_targets_cut_off(config)
+        self.targets_cut_off = reachability.make_targets_cut_off(config)
         self._level_map_types = None  # int32 [levels]: each curriculum level's map type
         if config.curriculum is not None:
             unknown = set(config.curriculum.levels) - set(MAP_TYPES)
@@ -335,6 +335,34 @@ class ExcavationEnv:
     def observation(self, state: EnvState) -> dict:
         return self._observe(state, *self._window_layers(state))
 
+    @property
+    def checks_cut_off(self) -> bool:
+        """Whether the action mask runs the cut-off flood fill (`mask_cut_off_digs` or
+        `mask_cut_off_dumps`, with the mask computed)."""
+        cfg = self.config
+        return cfg.compute_action_mask and (cfg.mask_cut_off_digs or cfg.mask_cut_off_dumps)
+
+    def observation_either_way(self, state: EnvState):
+        """`state`'s observation both ways the cut-off test could answer, and that test's
+        arguments, for a batch to run the flood fill only where the answer matters
+        (`envs.batch.BatchEnv`; needs `checks_cut_off`).
+
+        Returns (obs if no target is cut off, obs if one is, cut-off arguments): the
+        observation is the first where `envs.reachability.make_targets_cut_off`'s test, run
+        on the arguments (target, action and obstacles maps int8 [N, N], pos int32 [2],
+        heading int32 [], is_wheeled bool []), is False, the second where it is True."""
+        recorded = []
+
+        def record(*args):
+            recorded.append(args)
+            return jnp.zeros((), bool)
+
+        layers = self._window_layers(state)
+        if_kept = self._observe(state, *layers, targets_cut_off=record)
+        if_cut = self._observe(state, *layers, targets_cut_off=lambda *_: jnp.ones((), bool))
+        (arguments,) = recorded
+        return if_kept, if_cut, arguments
+
     def remember_refusals(self, state: EnvState, obs: dict) -> EnvState:
         """`state` with the digs its observation's action mask refused
         (`EnvConfig.remember_refused_digs`; `state` itself where that is off)."""
@@ -377,7 +405,7 @@ class ExcavationEnv:
         return (state.dig_tiles_done / total).astype(jnp.float32)
 
     def _observe(self, state, window, w_target, w_action, w_obstacles, w_dump,
-                 with_action_mask: bool = True) -> dict:
+                 with_action_mask: bool = True, targets_cut_off=None) -> dict:
         cfg = self.config
         agent = state.agent
         arm = (agent.base_heading + agent.cabin_heading) % geo.NUM_HEADINGS
@@ -399,6 +427,7 @@ class ExcavationEnv:
                 agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
                 state.last_actions[0], state.recent_poses, state.has_dump_zones,
                 full_maps=(state.target_map, state.action_map, state.obstacles),
+                targets_cut_off=targets_cut_off,
             )
         else:
             mask = jnp.ones((A.NUM_ACTIONS,), bool)
@@ -437,11 +466,13 @@ class ExcavationEnv:
     def _action_mask(
         self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
         last_action, recent_poses, has_dump_zones, valid_only=False, full_maps=None,
+        targets_cut_off=None,
     ):
         """Analytic mask: four footprint checks and the DO preconditions (with
         `valid_only`, only these: the actions that would change the state), then the
         forbidden digs and dumps (`action_rules.do_is_forbidden`, on `full_maps`) and the
-        returns to a recent pose (`EnvConfig.revisit_memory`)."""
+        returns to a recent pose (`EnvConfig.revisit_memory`). `targets_cut_off` replaces
+        the cut-off test (`envs.reachability.make_targets_cut_off`'s signature)."""
         cfg = self.config
         is_wheeled = agent.agent_type == A.WHEELED
         is_loaded = agent.loaded > 0
@@ -481,7 +512,8 @@ class ExcavationEnv:
                 or cfg.mask_cut_off_dumps):
             forbid_do |= action_rules.do_is_forbidden(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, pickable, picks_up, full_maps, self._targets_cut_off)
+                w_dump, pickable, picks_up, full_maps,
+                targets_cut_off or self.targets_cut_off)
         if cfg.mask_dump_outside_zones:
             forbid_do |= action_rules.dump_is_outside_zone_in_reach(
                 cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,

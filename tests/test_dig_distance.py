@@ -20,6 +20,7 @@ from terra_rl.features.dig_distance import (
     feature_tiles,
     field_at,
     unreachable_distance,
+    work_in_reach,
 )
 from terra_rl.nets.models import ExcavationPolicy, PolicyConfig
 from terra_rl.nets.parameters import count_parameters
@@ -311,3 +312,21 @@ def test_the_field_leads_past_targets_whose_dig_was_refused():
     stale = dict(make_obs(target), refused_digs=jnp.asarray(refused))
     np.testing.assert_array_equal(np.asarray(field_jit(stale)),
                                   np.asarray(field_jit(make_obs(target))))
+
+
+def test_a_batch_in_and_out_of_the_last_stage_gives_each_observation_its_own_goals():
+    """`work_in_reach` covers the free zone tiles only when some env of the batch is in the
+    last stage: batched with an env that still has targets, or alone, each observation
+    gets the goals it gets on its own."""
+    target, action, _ = _dug_trench_with_soil(zone=True)
+    action[12, 12] = 0
+    action[4, 8] = 1
+    last_stage = make_obs(target, action)
+    digging = make_obs(*_dug_trench_with_soil(zone=True)[:1], np.zeros((N, N), np.int8))
+    alone = [np.asarray(jax.jit(work_in_reach)(jax.tree.map(lambda x: x[None], obs)))[0]
+             for obs in (last_stage, digging)]
+    assert not np.array_equal(*alone)
+    for order in ([last_stage, digging], [digging, digging]):
+        batch = jax.tree.map(lambda *x: jnp.stack(x), *order)
+        expected = np.stack([alone[0] if obs is last_stage else alone[1] for obs in order])
+        np.testing.assert_array_equal(np.asarray(jax.jit(work_in_reach)(batch)), expected)

@@ -95,7 +95,11 @@ def work_in_reach(obs: dict) -> jax.Array:
     free_zone = (target == 1) & (action == 0) & (obs["dumpability"] == 1)
     undug_left = jnp.any((target == -1) & (action == 0), axis=(-2, -1), keepdims=True)
     has_zones = jnp.any(target == 1, axis=(-2, -1), keepdims=True)
-    both = in_reach & _ring_cover(free_zone)
+    # The zones' cover matters only in the last stage, which few envs of a batch are in: a
+    # batch with none skips it (under a vmap the cond runs both branches, to the same result).
+    zone_cover = jax.lax.cond(jnp.any(has_zones & ~undug_left),
+                              lambda: _ring_cover(free_zone), lambda: jnp.zeros_like(free_zone))
+    both = in_reach & zone_cover
     last_stage = has_zones & ~undug_left & jnp.any(both, axis=(-2, -1), keepdims=True)
     return jnp.where(last_stage, both, in_reach)
 

@@ -1,0 +1,98 @@
+"""`BatchEnv.observe` runs the cut-off rules' flood fill only for the envs whose observation
+its answer changes, a few at a time: its observations equal the per-env observation's
+(`jax.vmap(env.observation)`) bit for bit, on the states of random rollouts with both
+cut-off rules, remembered refusals and both excavator types, whether the envs to test fit in
+one pass or take many."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs import EnvConfig, ExcavationEnv
+from envs.batch import BatchEnv, default_cut_off_checks
+from terra_rl.validation import small
+
+NUM_ENVS = 16
+STEPS = 48
+
+
+@pytest.fixture(scope="module")
+def env():
+    return ExcavationEnv(EnvConfig(map_size=16, max_steps=40, wheeled_fraction=0.5,
+                                   mask_cut_off_digs=True, mask_cut_off_dumps=True,
+                                   remember_refused_digs=True))
+
+
+def compare_along_a_rollout(env, chunk: int):
+    """Per step of a random masked rollout of `BatchEnv.step` (whose observation is
+    `observe`'s with its default chunk): whether `observe` with `chunk` envs a pass equals
+    the per-env observation, how many envs the flood fill ran for, and for how many of them
+    it found targets cut off."""
+    batch = BatchEnv(env, small.small_params(), NUM_ENVS, max_cut_off_checks=chunk)
+
+    def run(key):
+        obs, state = batch.reset(key)
+
+        def body(carry, key):
+            obs, state = carry
+            compacted = batch.observe(state)
+            per_env = jax.vmap(env.observation)(state)
+            same = jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in zip(
+                jax.tree.leaves(compacted), jax.tree.leaves(per_env), strict=True)]))
+            if_kept, if_cut, arguments = jax.vmap(env.observation_either_way)(state)
+            needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
+            cut = jax.vmap(env.targets_cut_off)(*arguments)
+            key_action, key_step = jax.random.split(key)
+            actions = jax.random.categorical(
+                key_action, jnp.where(obs["action_mask"], 0.0, -1e9)).astype(jnp.int32)
+            obs, state, *_ = batch.step(key_step, state, actions)
+            return (obs, state), (same, jnp.sum(needed), jnp.sum(needed & cut))
+
+        _, per_step = jax.lax.scan(body, (obs, state), jax.random.split(key, STEPS))
+        return per_step
+
+    return [np.asarray(x) for x in jax.jit(run)(jax.random.PRNGKey(3))]
+
+
+@pytest.mark.parametrize("chunk", [1, NUM_ENVS // 8])
+def test_the_compacted_observation_equals_the_per_env_one(env, chunk):
+    same, needed, cut = compare_along_a_rollout(env, chunk)
+    assert same.all(), np.nonzero(~same)
+    # The flood fill ran for some envs, never all; several envs a step take several passes.
+    assert needed.sum() > 0 and (needed < NUM_ENVS).all()
+    assert needed.max() > chunk
+    assert (cut <= needed).all()  # random 16x16 rollouts rarely cut targets off: see below
+
+
+def test_a_dig_the_fill_forbids_is_masked_in_the_compacted_observation():
+    """The corridor of tests/test_env_rules.py (32x32): the cabin turns onto the wall dig,
+    which would cut the far targets off. `BatchEnv.step`'s observation (compacted) refuses
+    that DO as the per-env observation does, and marks the same refused digs."""
+    from envs import actions as A
+    from tests.test_env_rules import corridor_batch
+
+    env = ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_digs=True,
+                                  remember_refused_digs=True))
+    batch, _, state = corridor_batch(env)
+    obs, state, *_ = jax.jit(batch.step)(jax.random.PRNGKey(1), state,
+                                         jnp.full((2,), A.CABIN_ANTICLOCK, jnp.int32))
+    per_env = jax.jit(jax.vmap(env.observation))(state)
+    for name in obs:
+        np.testing.assert_array_equal(np.asarray(obs[name]), np.asarray(per_env[name]), name)
+    assert not np.asarray(obs["action_mask"][:, A.DO]).any()
+    if_kept, _, _ = jax.jit(jax.vmap(env.observation_either_way))(state)
+    assert np.asarray(if_kept["action_mask"][:, A.DO]).all()  # DO was possible: the fill said no
+
+
+def test_the_default_chunk_is_an_eighth_of_the_batch_on_a_cpu_and_half_elsewhere(env):
+    assert [default_cut_off_checks(n, "cpu") for n in (1, 16, 64, 65)] == [1, 2, 8, 9]
+    assert [default_cut_off_checks(n, "gpu") for n in (1, 16, 1024)] == [1, 8, 512]
+    assert BatchEnv(env, small.small_params(), 64).max_cut_off_checks == 8  # the suite: CPU
+
+
+def test_a_chunk_below_one_is_refused(env):
+    with pytest.raises(ValueError, match="max_cut_off_checks must be >= 1"):
+        BatchEnv(env, small.small_params(), NUM_ENVS, max_cut_off_checks=0)
