@@ -44,6 +44,7 @@ jax.config.update("jax_enable_compilation_cache", False)
 
 from envs import EnvConfig, ExcavationEnv  # noqa: E402
 from terra_rl.validation import small  # noqa: E402
+from tests.memory_maps import release_if_crowded  # noqa: E402
 
 
 # The 16x16 family is the validation gates' (terra_rl/validation/small.py): the same objects,
@@ -161,3 +162,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for index, item in enumerate(items):
         position.setdefault(item.path, index)
     items.sort(key=lambda item: (order.get(item.path.name, len(order)), position[item.path]))
+
+
+# Between test files, past a third of the kernel's limit on memory maps, jax's caches are
+# cleared: a worker whose compiled programs pass the limit segfaults in its next compile
+# (tests/memory_maps.py). The largest file adds about 12,000 maps, well within the two
+# thirds left. Past 70% within a file (no file comes near), they are cleared at once.
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    last_of_its_file = nextitem is None or nextitem.path != item.path
+    release_if_crowded(1 / 3 if last_of_its_file else 0.7)
