@@ -4,9 +4,9 @@ network), through the command line a Slurm job runs.
 
 The horizon is cut to `HORIZON` steps: it is the length of the evaluation's scan, not a
 shape, so the programs compiled are those of the preset's own 1500. At 1500 the two
-evaluation pools' scans took two thirds of this file's time on the 2-core CPU (131 s of the
-mixed preset's run, 50 s with 100 steps). The presets' own horizon is asserted in
-tests/test_config.py."""
+evaluation pools' scans took most of this file's time on the 2-core CPU: the mixed preset's
+run took 131 s in a full suite run, 88 s there with 100 steps (50 s alone). The presets' own
+horizon is asserted in tests/test_config.py."""
 
 from __future__ import annotations
 
