@@ -148,15 +148,10 @@ class BatchEnv:
         def reset_chunks(carry):
             # The done envs, `max_partial_resets` at a time (gathered, reset, scattered back):
             # one copy of the reset in the program, however many finished.
-            chunk = self.max_partial_resets
-            # Indices of the done envs, padded with num_envs (out of range: dropped on write).
-            (index,) = jnp.nonzero(done, size=self.num_envs + chunk, fill_value=self.num_envs)
             keys = reset_keys()
 
-            def reset_one_chunk(carry):
-                start, next_state, refused = carry
-                part = jax.lax.dynamic_slice(index, (start,), (chunk,))
-                gather = jnp.minimum(part, self.num_envs - 1)
+            def reset_one_chunk(gather, part, carry):
+                next_state, refused = carry
                 reset_state = reset_states(
                     keys[gather],
                     params,
@@ -167,12 +162,9 @@ class BatchEnv:
                 if remembers:  # of the finished states, not yet reset
                     finished = jax.tree.map(lambda x: x[gather], next_state)
                     refused = scatter(refused, final_refusals(finished))
-                return start + chunk, jax.tree.map(scatter, next_state, reset_state), refused
+                return jax.tree.map(scatter, next_state, reset_state), refused
 
-            count = jnp.sum(done)
-            _, next_state, refused = jax.lax.while_loop(
-                lambda carry: carry[0] < count, reset_one_chunk, (jnp.int32(0), *carry))
-            return next_state, refused
+            return over_chunks(done, self.max_partial_resets, reset_one_chunk, carry)
 
         carry = (next_state, next_state.refused_digs)
         if reset_always:
@@ -201,21 +193,33 @@ class BatchEnv:
         differs = jax.tree.map(
             lambda a, b: jnp.any((a != b).reshape(a.shape[0], -1), axis=1), if_kept, if_cut)
         needed = functools.reduce(jnp.logical_or, jax.tree.leaves(differs))
-        chunk = self.max_cut_off_checks
-        (index,) = jnp.nonzero(needed, size=self.num_envs + chunk, fill_value=self.num_envs)
         test = jax.vmap(self.env.targets_cut_off)
 
-        def check_one_chunk(carry):
-            start, cut = carry
-            part = jax.lax.dynamic_slice(index, (start,), (chunk,))
-            gather = jnp.minimum(part, self.num_envs - 1)
-            answers = test(*(x[gather] for x in arguments))
-            return start + chunk, cut.at[part].set(answers, mode="drop")
+        def check_one_chunk(gather, part, cut):
+            return cut.at[part].set(test(*(x[gather] for x in arguments)), mode="drop")
 
-        count = jnp.sum(needed)
-        _, cut = jax.lax.while_loop(lambda carry: carry[0] < count, check_one_chunk,
-                                    (jnp.int32(0), jnp.zeros((self.num_envs,), bool)))
+        cut = over_chunks(needed, self.max_cut_off_checks, check_one_chunk,
+                          jnp.zeros((self.num_envs,), bool))
         return select_where(cut, if_cut, if_kept)
+
+
+def over_chunks(selected: jax.Array, chunk: int, body, carry):
+    """`carry` after `body(gather, part, carry) -> carry` ran over the envs where `selected`
+    (bool [num_envs]) holds, `chunk` at a time, in a `lax.while_loop` (one compiled copy of
+    `body`, as many passes as the count needs). `part` int32 [chunk]: the envs' indices,
+    padded with num_envs (out of range: a scatter with mode="drop" skips it); `gather`: the
+    same clipped to a valid row to read."""
+    num_envs = selected.shape[0]
+    (index,) = jnp.nonzero(selected, size=num_envs + chunk, fill_value=num_envs)
+
+    def one_chunk(state):
+        start, carry = state
+        part = jax.lax.dynamic_slice(index, (start,), (chunk,))
+        return start + chunk, body(jnp.minimum(part, num_envs - 1), part, carry)
+
+    count = jnp.sum(selected)
+    return jax.lax.while_loop(lambda state: state[0] < count, one_chunk,
+                              (jnp.int32(0), carry))[1]
 
 
 def default_cut_off_checks(num_envs: int, backend: str) -> int:
