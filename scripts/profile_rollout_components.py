@@ -10,6 +10,8 @@ section once, so a drifting machine moves all sections alike; the median is repo
 steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
 full updates, for TensorBoard or Perfetto, with the compiled update's HLO as
 `update.hlo.txt`: `scripts/trace_top_ops.py DIR` names the ops that take the time).
+With `--init_params RUN_DIR` the policy's sections and the full update take that run's
+policy's actions (a trained policy digs and dumps more often than an untrained one).
 Sections: see `terra_rl/perf/profiling.py`. Bad input exits 2 with one line.
 """
 
@@ -29,6 +31,7 @@ from terra_rl.config import ConfigError, resolve  # noqa: E402
 from terra_rl.perf.benchmarking import runtime_info  # noqa: E402
 from terra_rl.perf.profiling import format_table, profile_update  # noqa: E402
 from terra_rl.run.trainer import build_trainer  # noqa: E402
+from terra_rl.run.warm_start import WarmStartError, load_init_params  # noqa: E402
 
 PROG = "profile_rollout_components.py"
 
@@ -52,7 +55,17 @@ def main(argv: list[str] | None = None) -> int:
           f"device on {config.num_devices} device(s), {config.map_size}x{config.map_size}, "
           f"{config.update_epochs} epochs x {config.num_minibatches} minibatches, "
           f"{config.precision}", flush=True)
-    sections = profile_update(config, own.repeats)
+    init_params = None
+    if config.init_params:  # the policy whose actions the sections take
+        try:
+            init_params, step = load_init_params(
+                config.init_params, config.init_params_checkpoint,
+                jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                             build_trainer(config).abstract_runner().policy.params))
+        except WarmStartError as error:
+            parser.error(str(error))
+        print(f"policy parameters from {config.init_params} (update {step})", flush=True)
+    sections = profile_update(config, own.repeats, init_params)
     print(format_table(sections))
     if own.json is not None:
         record = {"config": config.to_dict(), "runtime": runtime_info(),

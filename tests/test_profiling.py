@@ -112,3 +112,13 @@ def test_the_table_gives_no_rate_for_the_host_overhead():
     assert rows["env_step"][-2:] == ["8,192", "100.0%"]
     assert rows["full_update"][-2:] == ["4,096", "50.0%"]
     assert len(rows["host_overhead"]) == 4
+
+
+def test_init_params_without_a_checkpoint_is_one_line(tmp_path, capsys):
+    script = load_script(SCRIPT.stem)
+    with pytest.raises(SystemExit) as error:
+        script.main([*tiny_flags(), "--init_params", str(tmp_path)])
+    assert error.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("profile_rollout_components.py: error: --init_params:")
+    assert "holds no checkpoints/" in err and "\n" not in err

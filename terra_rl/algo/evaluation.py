@@ -20,6 +20,7 @@ from terra_rl.algo.device_axis import AXIS
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.algo.update import policy_outputs, traced_at_most
 from terra_rl.config import TrainConfig
+from terra_rl.nets.models import make_observation_cache
 
 SAMPLED_PREFIX = "eval_sampled/"
 VALIDATION_PREFIX = "validation/"
@@ -113,7 +114,8 @@ def make_eval_fn(config: TrainConfig, env, policy,
 
         keys = jax.random.split(key_run, env.max_steps)
         carry = RolloutCarry(env_state, obs, stats)
-        (_, _, stats), _ = rollout(env, env_params, choose, record, carry, keys)
+        (_, _, stats, _), _ = rollout(env, env_params, choose, record, carry, keys,
+                                      cache=make_observation_cache(policy, env.num_envs))
         if trace_counts is not None:
             trace_counts["eval"] += 1  # runs while tracing, never on the device
         return summarize(stats, group, env, num_groups)

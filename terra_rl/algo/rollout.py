@@ -14,13 +14,15 @@ evaluation statistics, a checksum).
         env_state, observation = next_state, result.observation
 
 Every array has a leading [num_envs] (`N`); `rollout` returns the last carry and the
-outputs stacked to [num_steps, ...].
+outputs stacked to [num_steps, ...]. An optional `cache` (`ObservationCache`) adds what
+`choose` reads from the observation and may keep from step to step (the dig and pose
+distances' goals and the pose distance's search: `terra_rl.features.reach_cache`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 
@@ -33,6 +35,9 @@ class RolloutCarry(NamedTuple):
     """The observation the next action is chosen from."""
     extra: Any
     """What the caller carries from step to step."""
+    cache: Any = None
+    """The state of the rollout's `ObservationCache`, where it has one (None before its
+    first step)."""
 
 
 class Choice(NamedTuple):
@@ -54,20 +59,39 @@ class Step(NamedTuple):
     """The env state the action was taken in (what the validation gates inspect)."""
 
 
+class ObservationCache(Protocol):
+    """What a rollout keeps from step to step to build the observation a choice sees
+    (`terra_rl.features.reach_cache.ReachCache`)."""
+
+    def init(self, observation: Observation) -> Any: ...
+
+    def refresh(self, state: Any, observation: Observation) -> tuple[Any, Observation]: ...
+
+
 Choose = Callable[[Any, Observation, Any], Choice]
 Record = Callable[[Any, Step], tuple[Any, Any]]
 
 
 def rollout(env: TrainEnv, env_params, choose: Choose, record: Record, carry: RolloutCarry,
-            xs, length: int | None = None) -> tuple[RolloutCarry, Any]:
+            xs, length: int | None = None, cache: ObservationCache | None = None
+            ) -> tuple[RolloutCarry, Any]:
     """`lax.scan` of `choose`, `env.step` and `record` over `xs` (see the module docstring):
-    (last carry, `record`'s outputs stacked to [num_steps, ...])."""
+    (last carry, `record`'s outputs stacked to [num_steps, ...]).
+
+    With a `cache`, `choose` sees `cache.refresh(state, observation)`'s observation, the
+    state carried from step to step (`RolloutCarry.cache`, started by `cache.init` when
+    None); the observation carried and returned stays the env's own."""
+    if cache is not None and carry.cache is None:
+        carry = carry._replace(cache=cache.init(carry.observation))
 
     def one_step(carry: RolloutCarry, x):
-        choice = choose(carry.extra, carry.observation, x)
+        observation, cache_state = carry.observation, carry.cache
+        if cache is not None:
+            cache_state, observation = cache.refresh(cache_state, observation)
+        choice = choose(carry.extra, observation, x)
         age = env.episode_age(carry.env_state)
         env_state, result = env.step(choice.env_key, carry.env_state, choice.action, env_params)
         extra, output = record(carry.extra, Step(age, choice, result, carry.env_state))
-        return RolloutCarry(env_state, result.observation, extra), output
+        return RolloutCarry(env_state, result.observation, extra, cache_state), output
 
     return jax.lax.scan(one_step, carry, xs, length=length)

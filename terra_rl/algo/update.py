@@ -27,7 +27,11 @@ from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.config import TrainConfig
 from terra_rl.nets import loss_scaling
 from terra_rl.nets.loss_scaling import LossScale
-from terra_rl.nets.models import uses_convolutions, with_derived_features
+from terra_rl.nets.models import (
+    make_observation_cache,
+    uses_convolutions,
+    with_derived_features,
+)
 from terra_rl.nets.precision import apply_action_mask, gradient_norms, to_float32
 
 
@@ -265,6 +269,7 @@ def make_update_fn(config: TrainConfig, env, policy,
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
     bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
+    observation_cache = make_observation_cache(policy, num_envs)
 
     def choose(extra, obs, noise) -> Choice:
         """The policy's action, sampled with this step's row of `ppo.rollout_noise`."""
@@ -345,8 +350,9 @@ def make_update_fn(config: TrainConfig, env, policy,
         rng, key_rollout, key_epochs = jax.random.split(runner.rng, 3)
         noise = ppo.rollout_noise(key_rollout, config.num_steps, num_envs, env.num_actions)
         carry = RolloutCarry(runner.env_state, runner.last_obs, (params, runner.counters))
-        carry, (traj, episodes) = rollout(env, env_params, choose, record, carry, noise)
-        env_state, last_obs, (_, counters) = carry
+        carry, (traj, episodes) = rollout(env, env_params, choose, record, carry, noise,
+                                          cache=observation_cache)
+        env_state, last_obs, (_, counters), _ = carry
         last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
                                                     traj.truncated)
         next_value = ppo.next_values(

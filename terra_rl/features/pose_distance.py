@@ -62,18 +62,39 @@ def successor_states(config: EnvConfig, agent_state: jax.Array, is_wheeled: jax.
     return jnp.stack(states).astype(jnp.int32), jnp.stack(valid)
 
 
+def search_config(map_size: int, wheeled_agents: bool) -> EnvConfig:
+    """The env geometry the search runs on. A tracked excavator drives at wheel angle 0
+    only: its search never leaves that layer of the states, so without wheeled ones the
+    search sweeps that layer alone (a third of the states at the default wheel limit), to
+    the same distances in the same sweeps."""
+    config = EnvConfig(map_size=map_size)
+    return config if wheeled_agents else dataclasses.replace(config, wheel_angle_limit=0)
+
+
+@functools.cache
+def move_search(map_size: int, wheeled_agents: bool) -> reachability.MoveSearchFns:
+    """The search's parts (`envs.reachability.make_move_search`), for a caller that keeps
+    the search between steps (`terra_rl.features.reach_cache`)."""
+    return reachability.make_move_search(search_config(map_size, wheeled_agents),
+                                         max_distance(map_size))
+
+
+def queries(map_size: int, agent_state: jax.Array, agent_type: jax.Array):
+    """(states int32 [5, 4], valid bool [5], is_wheeled bool []) of one env: the query
+    states of `pose_distances` (`successor_states`) from `agent_state` int32 [6] and
+    `agent_type` int32 []."""
+    is_wheeled = agent_type == A.WHEELED
+    states, valid = successor_states(EnvConfig(map_size=map_size), agent_state, is_wheeled)
+    return states, valid, is_wheeled
+
+
 @functools.cache
 def _distances_for(map_size: int, wheeled_agents: bool):
-    config = EnvConfig(map_size=map_size)
-    # A tracked excavator drives at wheel angle 0 only: its search never leaves that layer
-    # of the states, so without wheeled ones the search sweeps that layer alone (a third of
-    # the states at the default wheel limit), to the same distances in the same sweeps.
-    search = config if wheeled_agents else dataclasses.replace(config, wheel_angle_limit=0)
-    distances = reachability.make_move_distances(search, max_distance(map_size))
+    distances = reachability.make_move_distances(search_config(map_size, wheeled_agents),
+                                                 max_distance(map_size))
 
     def one_env(action_map, obstacles, goal_positions, agent_state, agent_type):
-        is_wheeled = agent_type == A.WHEELED
-        states, valid = successor_states(config, agent_state, is_wheeled)
+        states, valid, is_wheeled = queries(map_size, agent_state, agent_type)
         return distances(action_map, obstacles, goal_positions, states, valid, is_wheeled)
 
     return jax.vmap(one_env)
@@ -105,12 +126,15 @@ def pose_distances(obs: dict, in_reach: jax.Array | None = None,
 
 
 def pose_distance_features(obs: dict, in_reach: jax.Array | None = None,
-                           wheeled_agents: bool = True) -> jax.Array:
+                           wheeled_agents: bool = True,
+                           distances: jax.Array | None = None) -> jax.Array:
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): from the agent's own
     state, the distance / max and whether work is in reach within the max; then for each
     base action, the same two after it and the change of distance clipped to [-1, 1] (+1
     where the action is blocked or leads out of reach). `in_reach` bool [..., N, N]:
     `work_in_reach(obs)`, where the caller has it already; `wheeled_agents` as in
-    `pose_distances`."""
-    distances = pose_distances(obs, in_reach, wheeled_agents)
+    `pose_distances`; `distances` int32 [..., 5]: `pose_distances(obs, ...)`, where the
+    caller has them already."""
+    if distances is None:
+        distances = pose_distances(obs, in_reach, wheeled_agents)
     return distance_features(distances, max_distance(obs["target_map"].shape[-1]))

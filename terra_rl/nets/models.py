@@ -23,6 +23,7 @@ import numpy as np
 
 from terra_rl.choices import GYMNAX_ACTIVATIONS, IMAGE_ENCODERS, MAP_ENCODERS, PRECISIONS
 from terra_rl.features.policy_inputs import derived_features, map_input
+from terra_rl.features.reach_cache import CACHE_KEYS, ReachCache, make_reach_cache
 from terra_rl.nets.dense_dot import dense_dot_general_for_backend
 from terra_rl.nets.patch_conv import CONV_KERNEL_INIT, PatchConv
 from terra_rl.nets.precision import HEAD_DTYPE, compute_dtype, to_float32
@@ -342,10 +343,26 @@ def with_derived_features(policy: nn.Module, obs):
     stores them with its observations, so the update's epochs x minibatches of gradient
     passes read them instead of recomputing them (at 32x32 the dig distance and the compass
     cost as much as the rest of the forward pass; the flat encoder's map input, pooled,
-    more than its Dense layer). Any other policy's `obs` is returned as it is."""
+    more than its Dense layer). What a rollout's cache adds (`CACHE_KEYS`) is used and left
+    out: a rollout does not store it. Any other policy's `obs` is returned as it is."""
     if not isinstance(policy, ExcavationPolicy):
         return obs
-    return {**obs, **derived_features(obs, policy.config)}
+    kept = {key: value for key, value in obs.items() if key not in CACHE_KEYS}
+    return {**kept, **derived_features(obs, policy.config)}
+
+
+def make_observation_cache(policy: nn.Module, num_envs: int) -> ReachCache | None:
+    """What a rollout of `num_envs` envs keeps from step to step for `policy`'s inputs
+    (`terra_rl.algo.rollout.rollout`'s `cache`): the dig and pose distances' goals and the
+    pose distance's search (`terra_rl.features.reach_cache`) where the policy has either
+    distance; else None."""
+    if not isinstance(policy, ExcavationPolicy):
+        return None
+    config = policy.config
+    if not (config.dig_distance or config.pose_distance):
+        return None
+    return make_reach_cache(num_envs, pose_distances=config.pose_distance,
+                            wheeled_agents=config.wheeled_agents)
 
 
 class ExcavationPolicy(nn.Module):
@@ -354,7 +371,8 @@ class ExcavationPolicy(nn.Module):
     obs: agent_state int32 [B, 6], agent_type int32 [B], local_maps int16 [B, 12, 6],
     target_map / action_map / obstacles / dumpability int8 [B, N, N], last_actions int32
     [B, K]; `action_mask` is ignored; keys of `derived_features` present in `obs` are used
-    instead of computed (`with_derived_features`). Any number of leading batch dims works.
+    instead of computed (`with_derived_features`), and so is what a rollout's cache adds
+    (`make_observation_cache`). Any number of leading batch dims works.
     Returns logits float32 [B, num_actions], value float32 [B].
     """
 

@@ -81,7 +81,7 @@ def make_rollout(batch_env: BatchEnv, num_steps: int, reference: bool):
 
     def run(key, state, obs, params):
         carry = RolloutCarry(state, obs, key)
-        (state, obs, key), (done_counts, any_done, rewards) = rollout(
+        (state, obs, key, _), (done_counts, any_done, rewards) = rollout(
             env, params, choose, record, carry, None, length=num_steps)
         return (
             key,

@@ -8,9 +8,11 @@ the trainer's pmapped update on `num_devices`):
                         observations and action mask included
     policy_forward      `num_steps` policy forward passes on a batch of observations,
                         with the parameter-free features the rollout computes (compass,
-                        dig and pose distances)
+                        dig and pose distances), the rollout's observation cache (the
+                        distances' goals, kept where the maps did not change) refreshed
+                        along the rollout's observations as the rollout does
     derived_inputs      those parameter-free features alone (`with_derived_features`),
-                        `num_steps` batches
+                        `num_steps` batches, with the same cache
     network             the forward passes alone, on observations that carry them
     rollout             `num_steps` of policy forward, sampling and env step
     gae                 GAE over the rollout's [num_steps, num_envs] arrays
@@ -44,7 +46,8 @@ from terra_rl.algo import ppo
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.algo.update import Batch, make_loss_and_grads, policy_outputs
 from terra_rl.config import TrainConfig
-from terra_rl.nets.models import with_derived_features
+from terra_rl.features.reach_cache import CACHE_KEYS
+from terra_rl.nets.models import make_observation_cache, with_derived_features
 from terra_rl.perf.benchmarking import time_in_rounds
 from terra_rl.run.device_metrics import fetch_metrics, metrics_row
 from terra_rl.run.trainer import Trainer, build_trainer
@@ -72,14 +75,20 @@ class Section:
                 "steps_per_second": self.steps_per_second}
 
 
-def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
-    """Times every component of one update of `config` (resolved); compiles each first."""
+def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = None
+                   ) -> list[Section]:
+    """Times every component of one update of `config` (resolved); compiles each first.
+    `init_params` (host parameters without a device axis, `terra_rl.run.warm_start`): the
+    policy whose actions the policy's sections and the full update take (a trained one's
+    rollouts change the maps more often than an untrained one's); default the initial one."""
     trainer = build_trainer(config)
     env = trainer.train_env
     policy = trainer.policy
     steps, envs = config.num_steps, config.num_envs_per_device
     per_update = config.env_steps_per_update
     runner = trainer.init_runner()
+    if init_params is not None:
+        runner = trainer.with_policy_params(runner, init_params)
     params = jax.tree.map(lambda x: x[0], runner.policy.params)
     env_params = env.params
     obs, env_state = jax.jit(lambda key: env.reset(key, env_params))(jax.random.PRNGKey(1))
@@ -103,27 +112,46 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
         carry = RolloutCarry(state, obs, None)
         return rollout(env, env_params, choose, record, carry, jax.random.split(key, steps))
 
+    # What the rollout keeps from step to step for the policy's inputs (the distances'
+    # goals), refreshed along the stored observations as the rollout does.
+    cache = make_observation_cache(policy, envs)
+
+    def over_rollout(per_step, observations):
+        """The sum of `per_step(obs)` over the rollout's observations [steps, envs, ...],
+        each with what the rollout's cache adds."""
+        def step(carry, obs):
+            total, cache_state = carry
+            if cache is not None:
+                cache_state, obs = cache.refresh(cache_state, obs)
+            return (total + per_step(obs), cache_state), None
+
+        first = jax.tree.map(lambda x: x[0], observations)
+        start = (jnp.zeros(()), None if cache is None else cache.init(first))
+        return jax.lax.scan(step, start, observations)[0][0]
+
     @jax.jit
     def forward_only(params, observations):
         # A different batch each step (the rollout's), so XLA cannot hoist the forward pass.
-        def step(carry, obs):
+        def forward(obs):
             logits, value = outputs(params, obs)
-            return carry + jnp.sum(value) + jnp.sum(logits[:, 0]), None
-        return jax.lax.scan(step, jnp.zeros(()), observations)[0]
+            return jnp.sum(value) + jnp.sum(logits[:, 0])
+        return over_rollout(forward, observations)
 
     @jax.jit
     def policy_rollout(params, key, state, obs):
         def choose(_, obs, noise) -> Choice:
             gumbel, key_env = noise
             logits, value = outputs(params, obs)
-            return Choice(ppo.sample_actions(logits, gumbel), key_env, (obs, value))
+            stored = {k: v for k, v in obs.items() if k not in CACHE_KEYS}  # the env's own
+            return Choice(ppo.sample_actions(logits, gumbel), key_env, (stored, value))
 
         def record(_, step: Step):
             obs, value = step.choice.kept
             return None, (obs, step.result.reward, value)
 
         noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
-        return rollout(env, env_params, choose, record, RolloutCarry(state, obs, None), noise)
+        return rollout(env, env_params, choose, record, RolloutCarry(state, obs, None), noise,
+                       cache=cache)
 
     _, (observations, rewards, values) = policy_rollout(params, jax.random.PRNGKey(2),
                                                         env_state, obs)
@@ -132,11 +160,10 @@ def profile_update(config: TrainConfig, repeats: int = 5) -> list[Section]:
     @jax.jit
     def derived_only(observations):
         # A checksum of every feature, so XLA cannot drop the work that builds them.
-        def step(carry, obs):
+        def checksum(obs):
             features = {k: v for k, v in derive(obs).items() if k not in obs}
-            return carry + sum(jnp.sum(v.astype(jnp.float32))
-                               for v in jax.tree.leaves(features)), None
-        return jax.lax.scan(step, jnp.zeros(()), observations)[0]
+            return sum(jnp.sum(v.astype(jnp.float32)) for v in jax.tree.leaves(features))
+        return over_rollout(checksum, observations)
 
     observations_with_features = jax.jit(jax.vmap(derive))(observations)
     dones = jnp.zeros((steps, envs), bool).at[steps // 2].set(True)

@@ -1,0 +1,167 @@
+"""What a rollout keeps of the dig and pose distances' work from one step to the next: the
+goals (`work_in_reach`), recomputed only for the envs whose maps changed, and the pose
+distance's search, swept on only as far as new queries need.
+
+At 64x64 the two were three quarters of the policy's parameter-free inputs
+(docs/PERFORMANCE.md), recomputed from scratch at every step:
+
+- `work_in_reach` ORs the packed map shifted by each of the arm ring's offsets (224 at
+  64x64). It reads only the target, action, dumpability and refused-dig maps, which change
+  on a DO that digs or dumps and on a reset: in about 1.5% of env steps under random
+  actions at 64x64.
+- the pose distance's breadth-first search runs from the goal states until it reaches the
+  agent's state and the states after its base actions (`envs.reachability.make_move_search`).
+  On unchanged maps the search of the step before holds every state within its sweeps,
+  with its distance in bit planes: the next step's queries, a base action away, are looked
+  up, and the search sweeps on only for queries beyond it.
+
+Before each choice the cache compares each env's maps (and obstacles and agent type) with
+those its work was done on; the stale envs' goals are recomputed and their searches
+restarted, and the searches that a query needs are swept on, `chunk` envs at a time
+(`envs.batch.over_chunks`). Every env's goals equal `work_in_reach` of its own observation,
+and its pose distances `pose_distances` of it, bit for bit (tests/test_reach_cache.py), so
+training logs the same values.
+
+    cache = make_reach_cache(num_envs, map_size=N)
+    state = cache.init(obs)                 # nothing computed yet: every env is stale
+    state, obs = cache.refresh(state, obs)  # obs[IN_REACH_KEY] bool [num_envs, N, N],
+                                            # obs[POSE_DISTANCES_KEY] int32 [num_envs, 5]
+
+The cache lives in the rollout's carry (`terra_rl.algo.rollout.rollout`'s `cache`), from
+the first step of a rollout to its last: the runner state and the checkpoints do not hold
+it, and `terra_rl.nets.models.with_derived_features` leaves its keys out of what a rollout
+stores.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from envs.batch import over_chunks, select_where
+from envs.reachability import MoveSearch
+from terra_rl.features import pose_distance
+from terra_rl.features.dig_distance import work_in_reach
+
+IN_REACH_KEY = "work_in_reach"
+"""Where the refreshed observation holds the goals, bool [num_envs, N, N]:
+`terra_rl.features.policy_inputs.derived_features` takes them from there."""
+
+POSE_DISTANCES_KEY = "pose_distances"
+"""Where it holds the pose distances, int32 [num_envs, 5] (`pose_distance.pose_distances`)."""
+
+CACHE_KEYS = (IN_REACH_KEY, POSE_DISTANCES_KEY)
+
+MAP_KEYS = ("target_map", "action_map", "dumpability", "refused_digs")
+"""The observation's maps `work_in_reach` reads (`refused_digs` where present)."""
+
+COMPARED_KEYS = (*MAP_KEYS, "obstacles", "agent_type")
+"""What an env's cached work depends on: the goals' maps, and for the pose search the
+obstacles and the agent type too."""
+
+
+class ReachCacheState(NamedTuple):
+    compared: dict
+    """`COMPARED_KEYS` of the observation each env's work was done on, [num_envs, ...]."""
+    in_reach: jax.Array
+    """bool [num_envs, N, N]: `work_in_reach` of those maps."""
+    search: MoveSearch | None
+    """Each env's pose search (leading [num_envs]); None without the pose distance."""
+    fresh: jax.Array
+    """bool [num_envs]: the env's work was done (False until its first refresh)."""
+
+
+class ReachCache(NamedTuple):
+    init: Callable[[dict], ReachCacheState]
+    """A state for a batch of observations like `obs`, every env stale (nothing computed)."""
+    refresh: Callable[[ReachCacheState, dict], tuple[ReachCacheState, dict]]
+    """(state for `obs`, `obs` plus the cached keys): the stale envs' work redone, the
+    searches that the queries need swept on, the rest kept."""
+
+
+def default_chunk(num_envs: int, backend: str) -> int:
+    """Envs recomputed per pass. On a CPU a quarter of the batch: a pass costs its envs
+    times the sweeps of its slowest, plus a fixed cost per pass; at 64 envs x 64x64 chunks
+    of 4 to 16 envs gave the same time, 64 twice as long, and at 16 envs x 16x16 chunks of 4
+    to 16 within 20% (docs/PERFORMANCE.md). Elsewhere half the batch, as for the env's
+    cut-off checks (`envs.batch.default_cut_off_checks`): one pass, at a cost that hardly
+    depends on its size."""
+    return max(1, -(-num_envs // (4 if backend == "cpu" else 2)))
+
+
+def make_reach_cache(num_envs: int, chunk: int | None = None, *,
+                     pose_distances: bool = True, wheeled_agents: bool = True) -> ReachCache:
+    """The cache for a batch of `num_envs` observations; `chunk` envs recomputed per pass
+    (default `default_chunk`). With `pose_distances`, the pose search too, over the states
+    of `wheeled_agents` (`pose_distance.pose_distances`)."""
+    chunk = default_chunk(num_envs, jax.default_backend()) if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+
+    def search_for(obs):
+        if not pose_distances:
+            return None
+        return pose_distance.move_search(obs["target_map"].shape[-1], wheeled_agents)
+
+    def queries(obs):
+        one_env = functools.partial(pose_distance.queries, obs["target_map"].shape[-1])
+        return jax.vmap(one_env)(obs["agent_state"], obs["agent_type"])
+
+    def start_searches(obs, in_reach):
+        _, _, is_wheeled = queries(obs)
+        return jax.vmap(search_for(obs).start)(obs["action_map"], obs["obstacles"], in_reach,
+                                               is_wheeled)
+
+    def init(obs: dict) -> ReachCacheState:
+        in_reach = jnp.zeros(obs["target_map"].shape, bool)
+        searches = None
+        if pose_distances:
+            shapes = jax.eval_shape(start_searches, obs, in_reach)
+            searches = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return ReachCacheState(compared=_compared(obs), in_reach=in_reach, search=searches,
+                               fresh=jnp.zeros((num_envs,), bool))
+
+    def refresh(state: ReachCacheState, obs: dict) -> tuple[ReachCacheState, dict]:
+        compared = _compared(obs)
+        same = [jnp.all(value == state.compared[key], axis=tuple(range(1, value.ndim)))
+                for key, value in compared.items()]
+        stale = ~functools.reduce(jnp.logical_and, same, state.fresh)
+
+        def recompute_goals(gather, part, in_reach):
+            goals = work_in_reach({key: obs[key][gather] for key in MAP_KEYS if key in obs})
+            return in_reach.at[part].set(goals, mode="drop")
+
+        in_reach = over_chunks(stale, chunk, recompute_goals, state.in_reach)
+        out = {**obs, IN_REACH_KEY: in_reach}
+        searches = None
+        search = search_for(obs)
+        if search is not None:
+            states, valid, is_wheeled = queries(obs)
+            needed = stale | jax.vmap(search.pending)(state.search, states, valid)
+
+            def sweep_on(gather, part, searches):
+                rows = {key: obs[key][gather] for key in ("target_map", "action_map", "obstacles",
+                                                           "agent_state", "agent_type")}
+                started = start_searches(rows, in_reach[gather])
+                kept = jax.tree.map(lambda x: x[gather], searches)
+                begun = select_where(stale[gather], started, kept)
+                swept = jax.vmap(search.extend)(begun, states[gather], valid[gather],
+                                                is_wheeled[gather])
+                return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
+                                    searches, swept)
+
+            searches = over_chunks(needed, chunk, sweep_on, state.search)
+            out[POSE_DISTANCES_KEY] = jax.vmap(search.lookup)(searches, states, valid)
+        new_state = ReachCacheState(compared=compared, in_reach=in_reach, search=searches,
+                                    fresh=jnp.ones((num_envs,), bool))
+        return new_state, out
+
+    return ReachCache(init=init, refresh=refresh)
+
+
+def _compared(obs: dict) -> dict[str, Any]:
+    return {key: obs[key] for key in COMPARED_KEYS if key in obs}
