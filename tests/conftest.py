@@ -21,16 +21,14 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# A persistent compilation cache outside the repo makes reruns cheap for the processes the
-# tests start (train_mixed.py, the scripts, the distributed workers): one directory per
-# pytest-xdist worker, since jax writes an entry without a lock or an atomic rename, exported
-# as TERRA_RL_TEST_CACHE for them. The test processes themselves compile without it: in a
-# pytest-xdist worker that had run other test files, XLA:CPU aborted (or segfaulted) while
-# serializing an executable for the cache, and in another run while deserializing one,
-# deterministically in clean-clone CI runs (2026-11-25), which then hung on the crashed
-# worker. The same tests in a fresh process pass with the cache. `jax_compilation_cache_dir`
-# stays set, as the directory tests hand to their subprocesses; with the cache disabled here,
-# an in-process `main()` that sets a directory cannot turn it on either.
+# A persistent compilation cache outside the repo, one directory per pytest-xdist worker
+# (jax writes an entry without a lock or an atomic rename), exported as TERRA_RL_TEST_CACHE
+# for the processes the tests start (train_mixed.py, the scripts, the distributed workers).
+# The test processes use it too: the trainers that test files build again compile the same
+# programs, which then load from it (a clean-clone run with an empty cache: 12 min 0 s
+# against 13 min 13 s without it, docs/PERFORMANCE.md). It crashed workers on 2026-11-25,
+# while serializing or deserializing a program, after other test files had run in them: the
+# memory maps that the teardown below now keeps under the kernel's limit.
 _CACHE_DIR = os.environ.get(
     "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")
 )
@@ -38,9 +36,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not _CACHE_DIR.endswith(
         os.environ["PYTEST_XDIST_WORKER"]):
     _CACHE_DIR = os.path.join(_CACHE_DIR, os.environ["PYTEST_XDIST_WORKER"])
 os.environ["TERRA_RL_TEST_CACHE"] = _CACHE_DIR
+_MIN_COMPILE_SECONDS = 0.5
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-jax.config.update("jax_enable_compilation_cache", False)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_COMPILE_SECONDS)
+jax.config.update("jax_enable_compilation_cache", True)
 
 from envs import EnvConfig, ExcavationEnv  # noqa: E402
 from terra_rl.validation import small  # noqa: E402
@@ -174,3 +173,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     last_of_its_file = nextitem is None or nextitem.path != item.path
     release_if_crowded(1 / 3 if last_of_its_file else 0.7)
+    # An in-process main() may have pointed the cache elsewhere: back to this worker's.
+    if jax.config.jax_compilation_cache_dir != _CACHE_DIR:
+        jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_COMPILE_SECONDS)
