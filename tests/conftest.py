@@ -25,8 +25,8 @@ import pytest  # noqa: E402
 # (jax writes an entry without a lock or an atomic rename), exported as TERRA_RL_TEST_CACHE
 # for the processes the tests start (train_mixed.py, the scripts, the distributed workers).
 # The test processes use it too: the trainers that test files build again compile the same
-# programs, which then load from it (a clean-clone run with an empty cache: 12 min 0 s
-# against 13 min 13 s without it, docs/PERFORMANCE.md). It crashed workers on 2026-11-25,
+# programs, which then load from it (clean-clone runs with an empty cache: 11 min 51 s and
+# 12 min 0 s against 13 min 13 s without it, docs/PERFORMANCE.md). It crashed workers on 2026-11-25,
 # while serializing or deserializing a program, after other test files had run in them: the
 # memory maps that the teardown below now keeps under the kernel's limit.
 _CACHE_DIR = os.environ.get(

@@ -22,7 +22,7 @@ restarted, and the searches that a query needs are swept on, `chunk` envs at a t
 and its pose distances `pose_distances` of it, bit for bit (tests/test_reach_cache.py), so
 training logs the same values.
 
-    cache = make_reach_cache(num_envs, map_size=N)
+    cache = make_reach_cache(num_envs)
     state = cache.init(obs)                 # nothing computed yet: every env is stale
     state, obs = cache.refresh(state, obs)  # obs[IN_REACH_KEY] bool [num_envs, N, N],
                                             # obs[POSE_DISTANCES_KEY] int32 [num_envs, 5]
