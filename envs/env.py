@@ -19,6 +19,7 @@ from envs import action_rules, excavation, reachability, rewards, spawn
 from envs import actions as A
 from envs import curriculum as curriculum_rules
 from envs import geometry as geo
+from envs.analytic_mask import analytic_mask
 from envs.config import EnvConfig
 from envs.maps import MAP_TYPES
 from envs.state import AgentState, CurriculumState, EnvParams, EnvState
@@ -394,9 +395,10 @@ class ExcavationEnv:
         window, *layers = self._window_layers(state)
         arm = (state.agent.base_heading + state.agent.cabin_heading) % geo.NUM_HEADINGS
         arm_headings = (arm + jnp.arange(geo.NUM_HEADINGS)) % geo.NUM_HEADINGS
-        return self._action_mask(
-            state.agent, window, geo.sector_masks(self.config, window, arm_headings), *layers,
-            state.last_actions[0], state.recent_poses, state.has_dump_zones, valid_only=True,
+        return analytic_mask(
+            self, state.agent, window, geo.sector_masks(self.config, window, arm_headings),
+            *layers, state.last_actions[0], state.recent_poses, state.has_dump_zones,
+            valid_only=True,
         )
 
     def episode_progress(self, state: EnvState) -> jax.Array:
@@ -423,8 +425,8 @@ class ExcavationEnv:
         ).astype(jnp.float32)
         local_maps = jnp.einsum("hij,lij->hl", sectors.astype(jnp.float32), layers)
         if cfg.compute_action_mask and with_action_mask:
-            mask = self._action_mask(
-                agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
+            mask = analytic_mask(
+                self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
                 state.last_actions[0], state.recent_poses, state.has_dump_zones,
                 full_maps=(state.target_map, state.action_map, state.obstacles),
                 targets_cut_off=targets_cut_off,
@@ -462,71 +464,3 @@ class ExcavationEnv:
             "action_mask": mask,
             **extra,
         }
-
-    def _action_mask(
-        self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,
-        last_action, recent_poses, has_dump_zones, valid_only=False, full_maps=None,
-        targets_cut_off=None,
-    ):
-        """Analytic mask: four footprint checks and the DO preconditions (with
-        `valid_only`, only these: the actions that would change the state), then the
-        forbidden digs and dumps (`action_rules.do_is_forbidden`, on `full_maps`) and the
-        returns to a recent pose (`EnvConfig.revisit_memory`). `targets_cut_off` replaces
-        the cut-off test (`envs.reachability.make_targets_cut_off`'s signature)."""
-        cfg = self.config
-        is_wheeled = agent.agent_type == A.WHEELED
-        is_loaded = agent.loaded > 0
-        traversable = excavation.traversable(w_obstacles, w_action, cfg.drivable_soil_height)
-        base_actions = jnp.arange(4, dtype=jnp.int32)
-        deltas, headings, wheels = jax.vmap(lambda a: self._candidate_pose(agent, a))(
-            base_actions
-        )
-        pose_free = jax.vmap(lambda d, h: self._pose_is_free(window, traversable, agent.pos, d, h))(
-            deltas, headings
-        )
-        base_ok = pose_free & ~is_loaded
-        limit = cfg.wheel_angle_limit
-        wheels_ok = jnp.stack([agent.wheel_angle < limit, agent.wheel_angle > -limit])
-        turns_ok = jnp.where(is_wheeled, wheels_ok, base_ok[2:])
-
-        workspace = self._workspace(agent, window, w_obstacles, sectors[0])
-        pickable = excavation.pickable(has_dump_zones, w_target, cfg.pickup_misplaced_only)
-        can_dig = jnp.any(
-            excavation.soil_in_reach(workspace, w_action, pickable)
-            | excavation.diggable(workspace, w_target, w_action)
-        )
-        can_dump = jnp.any(excavation.dumpable(workspace, w_target, w_action, w_dump))
-        do_ok = jnp.where(is_loaded, can_dump, can_dig)
-        true = jnp.ones((), bool)
-        wait_ok = jnp.asarray(not cfg.mask_do_nothing)
-        mask = jnp.stack(
-            [base_ok[0], base_ok[1], turns_ok[0], turns_ok[1], true, true, do_ok, wait_ok]
-        )
-        if valid_only:
-            return mask
-        picks_up = excavation.picks_up(
-            workspace, w_target, w_action, cfg.dig_before_pickup, pickable
-        )
-        forbid_do = jnp.zeros((), bool)  # these rules mask DO only: the cabin turns stay
-        if (cfg.mask_dead_end_digs or cfg.mask_dead_end_pickups or cfg.mask_cut_off_digs
-                or cfg.mask_cut_off_dumps):
-            forbid_do |= action_rules.do_is_forbidden(
-                cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, pickable, picks_up, full_maps,
-                targets_cut_off or self.targets_cut_off)
-        if cfg.mask_dump_outside_zones:
-            forbid_do |= action_rules.dump_is_outside_zone_in_reach(
-                cfg, agent, window, sectors, workspace, w_target, w_action, w_obstacles,
-                w_dump, has_dump_zones)
-        dump_rules = cfg.mask_cut_off_dumps or cfg.mask_dump_outside_zones
-        if dump_rules and cfg.dump_after_full_turn and cfg.revisit_memory >= geo.NUM_HEADINGS:
-            # Its base fixed, a loaded excavator that turned full circle without a dump has
-            # met no dump the rules allow: they yield rather than hold the load for good.
-            forbid_do &= ~(is_loaded & action_rules.cabin_turned_round(cfg, agent, recent_poses))
-        mask = mask.at[A.DO].set(mask[A.DO] & ~forbid_do)
-        if not cfg.revisit_memory:
-            return mask
-        strict = mask & ~action_rules.repeats(
-            cfg, agent, deltas, headings, wheels, recent_poses, last_action, picks_up
-        )
-        return jnp.where(jnp.any(strict), strict, mask)

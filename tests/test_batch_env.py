@@ -15,6 +15,7 @@ from footprints import footprint_is_free
 
 from envs import CurriculumConfig, EnvConfig, ExcavationEnv, make_env_params
 from envs import actions as A
+from envs import env as env_module
 from envs.dataset import DatasetError, save_map_dataset
 from envs.maps import MAP_TYPES, MapSet, generate_maps
 from envs.params import params_from_maps
@@ -101,8 +102,8 @@ def test_batch_step_traces_the_action_mask_once(batch16, params16, monkeypatch):
     _, state = jax.eval_shape(batch16.reset, jax.random.PRNGKey(0), params16)
     traced = []
     env = batch16.env
-    original = env._action_mask
-    monkeypatch.setattr(env, "_action_mask",
+    original = env_module.analytic_mask
+    monkeypatch.setattr(env_module, "analytic_mask",
                         lambda *args, **kwargs: traced.append(1) or original(*args, **kwargs))
     actions = jnp.zeros((batch16.num_envs,), jnp.int32)
     jax.make_jaxpr(batch16.step)(jax.random.PRNGKey(0), state, actions, params16)

@@ -111,16 +111,13 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         one_env = functools.partial(pose_distance.queries, obs["target_map"].shape[-1])
         return jax.vmap(one_env)(obs["agent_state"], obs["agent_type"])
 
-    def start_searches(obs, in_reach):
-        _, _, is_wheeled = queries(obs)
-        return jax.vmap(search_for(obs).start)(obs["action_map"], obs["obstacles"], in_reach,
-                                               is_wheeled)
-
     def init(obs: dict) -> ReachCacheState:
         in_reach = jnp.zeros(obs["target_map"].shape, bool)
         searches = None
         if pose_distances:
-            shapes = jax.eval_shape(start_searches, obs, in_reach)
+            _, _, is_wheeled = queries(obs)
+            shapes = jax.eval_shape(jax.vmap(search_for(obs).start), obs["action_map"],
+                                    obs["obstacles"], in_reach, is_wheeled)
             searches = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         return ReachCacheState(compared=_compared(obs), in_reach=in_reach, search=searches,
                                fresh=jnp.zeros((num_envs,), bool))
@@ -144,9 +141,9 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
             needed = stale | jax.vmap(search.pending)(state.search, states, valid)
 
             def sweep_on(gather, part, searches):
-                rows = {key: obs[key][gather] for key in ("target_map", "action_map", "obstacles",
-                                                           "agent_state", "agent_type")}
-                started = start_searches(rows, in_reach[gather])
+                started = jax.vmap(search.start)(obs["action_map"][gather],
+                                                 obs["obstacles"][gather], in_reach[gather],
+                                                 is_wheeled[gather])
                 kept = jax.tree.map(lambda x: x[gather], searches)
                 begun = select_where(stale[gather], started, kept)
                 swept = jax.vmap(search.extend)(begun, states[gather], valid[gather],
