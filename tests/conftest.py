@@ -138,6 +138,7 @@ SLOW_TESTS: dict[str, tuple[str, ...]] = {
     "test_render.py": ("test_play_episode_writes_one_gif_frame_per_step",),
     "test_failure_diagnosis.py": (
         "test_a_load_whose_every_dump_the_mask_forbids_is_told_apart",),
+    "test_cut_off_checks.py": ("test_a_batch_of_one_kind_tests_with_that_kinds_fill_alone",),
 }
 
 

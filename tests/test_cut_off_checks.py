@@ -12,18 +12,23 @@ import numpy as np
 import pytest
 
 from envs import EnvConfig, ExcavationEnv
-from envs.batch import BatchEnv, default_cut_off_checks
+from envs import actions as A
+from envs.batch import BatchEnv, cut_off_test, default_cut_off_checks
 from terra_rl.validation import small
 
 NUM_ENVS = 16
 STEPS = 48
 
 
-@pytest.fixture(scope="module")
-def env():
-    return ExcavationEnv(EnvConfig(map_size=16, max_steps=40, wheeled_fraction=0.5,
+def rules_env(wheeled_fraction: float) -> ExcavationEnv:
+    return ExcavationEnv(EnvConfig(map_size=16, max_steps=40, wheeled_fraction=wheeled_fraction,
                                    mask_cut_off_digs=True, mask_cut_off_dumps=True,
                                    remember_refused_digs=True))
+
+
+@pytest.fixture(scope="module")
+def env():
+    return rules_env(0.5)
 
 
 def compare_along_a_rollout(env, chunk: int):
@@ -67,16 +72,37 @@ def test_the_compacted_observation_equals_the_per_env_one(env, chunk):
     assert (cut <= needed).all()  # random 16x16 rollouts rarely cut targets off: see below
 
 
-def test_a_dig_the_fill_forbids_is_masked_in_the_compacted_observation():
+@pytest.mark.parametrize("wheeled_fraction", [0.0, 1.0])
+def test_a_batch_of_one_kind_tests_with_that_kinds_fill_alone(wheeled_fraction):
+    """A batch of tracked (or wheeled) excavators only runs the fill that drives that kind's
+    moves alone (`cut_off_test`), to the per-env observation's answer bit for bit."""
+    env = rules_env(wheeled_fraction)
+    batch = BatchEnv(env, small.small_params(), NUM_ENVS)
+    assert batch._cut_off_test is not env.targets_cut_off
+    same, needed, _ = compare_along_a_rollout(env, NUM_ENVS // 8)
+    assert same.all(), np.nonzero(~same)
+    assert needed.sum() > 0
+
+
+def test_the_cut_off_test_drives_one_kind_only_in_a_batch_of_that_kind(env):
+    assert cut_off_test(env, np.array([A.TRACKED, A.WHEELED])) is env.targets_cut_off
+    assert cut_off_test(env, np.array([A.TRACKED] * 3)) is not env.targets_cut_off
+    no_rule = ExcavationEnv(EnvConfig(map_size=16))
+    assert cut_off_test(no_rule, np.array([A.TRACKED])) is None
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_a_dig_the_fill_forbids_is_masked_in_the_compacted_observation(agent_type):
     """The corridor of tests/test_env_rules.py (32x32): the cabin turns onto the wall dig,
-    which would cut the far targets off. `BatchEnv.step`'s observation (compacted) refuses
-    that DO as the per-env observation does, and marks the same refused digs."""
-    from envs import actions as A
+    which would cut the far targets off. `BatchEnv.step`'s observation (compacted, by the
+    fill of the batch's one kind) refuses that DO as the per-env observation does, and marks
+    the same refused digs."""
     from tests.test_env_rules import corridor_batch
 
     env = ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_digs=True,
-                                  remember_refused_digs=True))
-    batch, _, state = corridor_batch(env)
+                                  remember_refused_digs=True,
+                                  wheeled_fraction=float(agent_type == A.WHEELED)))
+    batch, _, state = corridor_batch(env, agent_type)
     obs, state, *_ = jax.jit(batch.step)(jax.random.PRNGKey(1), state,
                                          jnp.full((2,), A.CABIN_ANTICLOCK, jnp.int32))
     per_env = jax.jit(jax.vmap(env.observation))(state)

@@ -293,13 +293,15 @@ def test_a_dump_that_walls_off_the_targets_is_masked(cut_off_dumps_env, env32, s
 def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
     """The flood fill of the cut-off rule and the scripted solver's pose graph (numpy, each
     move simulated by the env) agree pose for pose on random 16x16 maps with obstacles, dug
-    tiles and soil piles."""
+    tiles and soil piles: the fill that drives either kind by its argument, and the one
+    that drives this kind alone (`BatchEnv`'s test for a batch of one kind)."""
     from envs.reachability import make_reachable_poses
     from envs.solver_geometry import shortest_paths
     from envs.solver_planner import H, Planner
 
     config = EnvConfig(map_size=16)
     reachable = jax.jit(make_reachable_poses(config))
+    reachable_for_kind = jax.jit(make_reachable_poses(config, wheeled=agent_type == A.WHEELED))
     rng = np.random.default_rng(agent_type)
     checked = 0
     for _ in range(6):
@@ -321,8 +323,36 @@ def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
                           jnp.bool_(agent_type == A.WHEELED))
         got = np.asarray(reach).transpose(1, 2, 0).ravel()  # (row, col, heading) like the planner
         assert (got == expected).all(), (int(got.sum()), int(expected.sum()))
+        # The argument says the other kind: the kind's own fill ignores it.
+        reach = reachable_for_kind(jnp.asarray(action_map), jnp.asarray(obstacles),
+                                   jnp.asarray(pos, jnp.int32), jnp.int32(heading),
+                                   jnp.bool_(agent_type != A.WHEELED))
+        np.testing.assert_array_equal(np.asarray(reach).transpose(1, 2, 0).ravel(), expected)
         checked += int(expected.sum()) > 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("size", [16, 64])
+def test_free_poses_equal_the_planners(size):
+    """The packed free poses (`make_free_poses`, one word a row at 16x16, two at 64x64)
+    equal the solver's footprint test (numpy) on random maps with obstacles, holes, and
+    soil low enough to drive on and too high."""
+    from envs.solver_planner import Planner
+
+    config = EnvConfig(map_size=size)
+    free_poses = jax.jit(reachability.make_free_poses(config))
+    rng = np.random.default_rng(size)
+    blocked = 0.12 * 16 / size  # the footprint grows with the map: sparser blocks
+    for _ in range(3):
+        obstacles = (rng.random((size, size)) < blocked / 3).astype(np.int8)
+        action_map = rng.choice(np.array([-1, 0, 1, 2], np.int8), size=(size, size),
+                                p=[blocked / 3, 0.9 - 2 * blocked / 3, 0.1, blocked / 3])
+        planner = Planner(config, A.TRACKED, np.zeros((size, size), np.int8), obstacles)
+        expected = planner._free_poses(action_map.ravel())
+        got = reachability.unpack(free_poses(jnp.asarray(action_map), jnp.asarray(obstacles)),
+                                  size)
+        np.testing.assert_array_equal(np.asarray(got).transpose(1, 2, 0).ravel(), expected)
+        assert 0 < expected.sum() < expected.size
 
 
 @pytest.mark.parametrize("size", [16, 32, 64])
@@ -350,6 +380,29 @@ def test_packed_shifts_equal_boolean_shifts(size):
     got = np.asarray(unpack(apply(pack(jnp.asarray(x[:, None]))), size))  # [2, maps, N, N]
     expected[:, 0] |= expected[:, 1]  # the extra move into map 0
     assert (got == expected).all()
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_a_dilation_equals_the_or_of_its_shifts(size):
+    """`make_dilation` (runs of column shifts from doubled tables) equals the OR of one
+    `moved` per offset: for the arm ring both ways round (the cut-off test and the dig
+    distance's goals) and for offsets at the edges of its rules (runs across 0, single
+    offsets, |dc| = 31, a row with offsets on one side only), on sparse and full maps."""
+    import functools
+
+    from envs.reachability import make_dilation, moved, pack
+
+    ring = reachability.ring_offsets(EnvConfig(map_size=size))
+    odd = [(0, -31), (0, 31), (0, 30), (1, -3), (1, -2), (1, 4), (1, 5), (1, 6), (-4, 0),
+           (2, -1), (2, 0), (2, 1)]
+    rng = np.random.default_rng(size)
+    maps = pack(jnp.asarray(np.stack([rng.random((size, size)) < 0.03,
+                                      np.ones((size, size), bool)])))
+    for offsets in (ring, [(-dr, -dc) for dr, dc in ring], odd):
+        expected = functools.reduce(jnp.bitwise_or, [moved(maps, dr, dc, size)
+                                                      for dr, dc in offsets])
+        got = make_dilation(offsets, size)(maps)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 @pytest.fixture(scope="module")
@@ -477,9 +530,10 @@ def test_the_digs_the_mask_refuses_are_remembered_until_the_map_changes(
     assert not bool(np.asarray(obs["refused_digs"]).any())
 
 
-def corridor_batch(env):
+def corridor_batch(env, agent_type: int = A.TRACKED):
     """(BatchEnv of 2 envs on the far-target corridor map, one excavator there with its cabin
-    one turn short of the wall dig, that state stacked for both envs)."""
+    one turn short of the wall dig, that state stacked for both envs). The excavator is of
+    `agent_type`, as are the batch's (`env`'s `wheeled_fraction` 0 or 1)."""
     from envs import params_from_maps
     from envs.batch import BatchEnv
     from envs.maps import MapSet
@@ -489,7 +543,8 @@ def corridor_batch(env):
                   dumpability=np.ones((1, N, N), np.int8), map_type=np.zeros((1,), np.int8),
                   spawn_pose=np.asarray([CENTRE], np.int32))
     batch = BatchEnv(env, params_from_maps(maps), num_envs=2)
-    one = build(env, target=target, obstacles=obstacles, cabin=11)
+    assert (batch.agent_types == agent_type).all()
+    one = build(env, target=target, obstacles=obstacles, cabin=11, agent_type=agent_type)
     return batch, one, jax.tree.map(lambda x: jnp.stack([x, x]), one)
 
 

@@ -110,11 +110,15 @@ def _ring_cover(tiles: jax.Array) -> jax.Array:
     On maps packed 32 tiles to a word (`envs.reachability.pack`): the ring has 60 tiles at
     32x32, and one shift of a packed map moves a whole row in a word operation."""
     size = tiles.shape[-1]
-    packed = reachability.pack(tiles)
-    covered = functools.reduce(
-        jnp.bitwise_or,
-        [reachability.moved(packed, -dr, -dc, size) for dr, dc in ring_offsets(size)])
+    covered = _ring_dilation(size)(reachability.pack(tiles))
     return reachability.unpack(covered, size)
+
+
+@functools.cache
+def _ring_dilation(size: int):
+    """The packed dilation by the arm ring seen from the tiles (`reachability.make_dilation`
+    of the ring's offsets negated)."""
+    return reachability.make_dilation([(-dr, -dc) for dr, dc in ring_offsets(size)], size)
 
 
 def work_tiles(target: jax.Array, action: jax.Array, refused: jax.Array | None = None
