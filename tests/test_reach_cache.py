@@ -1,10 +1,10 @@
 """The dig and pose distances' work kept through a rollout (`terra_rl.features.reach_cache`):
-at every step the goals equal `work_in_reach` of that step's observation and the pose
-distances `pose_distances` of it, bit for bit, on random masked rollouts with resets,
-remembered refusals and both excavator types (and tracked only, with the search over their
-states), in one pass or many; only envs whose maps changed are recomputed and the kept
-searches are swept on, not redone; the policy reads what the cache adds and a rollout does
-not store it."""
+at every step the goals equal `work_in_reach` of that step's observation, the pose
+distances `pose_distances` of it and the dig distances `field_at` of it, bit for bit, on
+random masked rollouts with resets, remembered refusals and both excavator types (and
+tracked only, with the search over their states), in one pass or many; only envs whose maps
+changed are recomputed and the kept searches are swept on, not redone; the policy reads what
+the cache adds and a rollout does not store it."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from envs import EnvConfig, ExcavationEnv
 from envs.batch import BatchEnv
 from terra_rl.adapters.train_env import ExcavationTrainEnv
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
-from terra_rl.features.dig_distance import work_in_reach
+from terra_rl.features.dig_distance import feature_tiles, field_at, work_in_reach
 from terra_rl.features.policy_inputs import derived_features
 from terra_rl.features.pose_distance import pose_distances
 from terra_rl.features.reach_cache import (
     CACHE_KEYS,
+    DIG_DISTANCES_KEY,
     IN_REACH_KEY,
     MAP_KEYS,
     POSE_DISTANCES_KEY,
@@ -46,10 +47,15 @@ def batch():
     return make_batch(0.5)
 
 
+def dig_field(obs, goals):
+    """int32 [num_envs, 13]: the dig-distance field from scratch at the agent's tiles."""
+    return field_at(obs, *feature_tiles(obs["agent_state"]), goals)
+
+
 def cached_along_a_rollout(batch, chunk: int, wheeled_agents: bool = True):
-    """Per step of a random masked rollout with the cache: whether the goals and the pose
-    distances the choice saw equal those computed from its observation alone, and how many
-    envs' maps changed since the step before."""
+    """Per step of a random masked rollout with the cache: whether the goals, and the pose
+    and dig distances, the choice saw equal those computed from its observation alone, and
+    how many envs' maps changed since the step before."""
     cache = make_reach_cache(NUM_ENVS, chunk, wheeled_agents=wheeled_agents)
 
     def run(key):
@@ -61,8 +67,10 @@ def cached_along_a_rollout(batch, chunk: int, wheeled_agents: bool = True):
             plain = {k: v for k, v in obs.items() if k not in CACHE_KEYS}
             goals = work_in_reach(plain)
             same_goals = jnp.array_equal(obs[IN_REACH_KEY], goals)
-            same_distances = jnp.array_equal(obs[POSE_DISTANCES_KEY],
-                                             pose_distances(plain, goals, wheeled_agents))
+            same_distances = (
+                jnp.array_equal(obs[POSE_DISTANCES_KEY],
+                                pose_distances(plain, goals, wheeled_agents))
+                & jnp.array_equal(obs[DIG_DISTANCES_KEY], dig_field(plain, goals)))
             changed = jnp.zeros((NUM_ENVS,), bool)
             for name in MAP_KEYS:
                 changed |= jnp.any(obs[name] != previous[name], axis=(-2, -1))
@@ -108,10 +116,11 @@ def test_only_envs_whose_maps_changed_are_recomputed(batch):
     np.testing.assert_array_equal(first[IN_REACH_KEY], work_in_reach(obs))
     np.testing.assert_array_equal(first[POSE_DISTANCES_KEY],
                                   pose_distances(obs, work_in_reach(obs)))
+    np.testing.assert_array_equal(first[DIG_DISTANCES_KEY], dig_field(obs, work_in_reach(obs)))
     # The same observation again: nothing to sweep, every search kept as it was.
     again, _ = refresh(state, obs)
-    for kept, before in zip(jax.tree.leaves(again.search), jax.tree.leaves(state.search),
-                            strict=True):
+    for kept, before in zip(jax.tree.leaves((again.search, again.dig_search)),
+                            jax.tree.leaves((state.search, state.dig_search)), strict=True):
         np.testing.assert_array_equal(kept, before)
     # Wrong goals in every env: kept where the maps are the same, replaced in env 3, whose
     # action map changed.
@@ -136,10 +145,13 @@ def test_a_kept_search_sweeps_on_from_where_it_stopped(batch):
     far = obs["agent_state"].at[:, 0].set(15).at[:, 1].set(15)
     moved = dict(obs, agent_state=far)
     extended, out = refresh(state, moved)
-    assert (extended.search.sweeps >= state.search.sweeps).all()
-    assert (extended.search.sweeps > state.search.sweeps).any()
+    for search, before in ((extended.search, state.search),
+                           (extended.dig_search, state.dig_search)):
+        assert (search.sweeps >= before.sweeps).all()
+        assert (search.sweeps > before.sweeps).any()
     np.testing.assert_array_equal(out[POSE_DISTANCES_KEY],
                                   pose_distances(moved, work_in_reach(moved)))
+    np.testing.assert_array_equal(out[DIG_DISTANCES_KEY], dig_field(moved, work_in_reach(moved)))
 
 
 def test_the_policy_reads_the_kept_goals_and_a_rollout_does_not_store_them(batch):
@@ -157,9 +169,13 @@ def test_the_policy_reads_the_kept_goals_and_a_rollout_does_not_store_them(batch
     pose = pose_distances(obs, work_in_reach(obs))
     with_pose = derived_features({**obs, POSE_DISTANCES_KEY: pose + 1}, config)
     assert not np.array_equal(with_pose["pose_distance"], computed["pose_distance"])
-    added = {**obs, IN_REACH_KEY: work_in_reach(obs), POSE_DISTANCES_KEY: pose}
-    np.testing.assert_array_equal(derived_features(added, config)["pose_distance"],
-                                  computed["pose_distance"])
+    dig = dig_field(obs, work_in_reach(obs))
+    with_dig = derived_features({**obs, DIG_DISTANCES_KEY: dig + 1}, config)
+    assert not np.array_equal(with_dig["dig_distance"], computed["dig_distance"])
+    added = {**obs, IN_REACH_KEY: work_in_reach(obs), POSE_DISTANCES_KEY: pose,
+             DIG_DISTANCES_KEY: dig}
+    for key in ("dig_distance", "pose_distance"):
+        np.testing.assert_array_equal(derived_features(added, config)[key], computed[key])
     stored = with_derived_features(_policy(config), added)
     assert not set(CACHE_KEYS) & set(stored) and "dig_distance" in stored
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,14 +148,18 @@ def unreachable_distance(map_size: int) -> int:
     return 2 * map_size
 
 
-def dig_distance_features(obs: dict, in_reach: jax.Array | None = None) -> jax.Array:
+def dig_distance_features(obs: dict, in_reach: jax.Array | None = None,
+                          values: jax.Array | None = None) -> jax.Array:
     """float32 [..., NUM_FEATURES] from `obs` (any leading batch dims): at the agent's tile,
     the distance / far and whether a diggable tile is reachable; then for each of the 12
     directions from the base heading, the same two at the next tile in that direction and
     the change of distance clipped to [-1, 1] (+1 where that tile is blocked).
-    `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already."""
-    rows, cols = feature_tiles(obs["agent_state"])
-    values = field_at(obs, rows, cols, in_reach)
+    `in_reach` bool [..., N, N]: `work_in_reach(obs)`, where the caller has it already;
+    `values` int32 [..., 13]: the field at `feature_tiles`, where the caller has it (a
+    rollout's kept search, `terra_rl.features.reach_cache`)."""
+    if values is None:
+        rows, cols = feature_tiles(obs["agent_state"])
+        values = field_at(obs, rows, cols, in_reach)
     return distance_features(values, unreachable_distance(obs["target_map"].shape[-1]))
 
 
@@ -180,54 +186,120 @@ def field_at(obs: dict, rows: jax.Array, cols: jax.Array,
     free tiles, a few word operations per row, and the search stops once every query tile
     is reached or the set stops growing. The field's 2N - 1 sweeps of [N, N] minimums cost
     as much as the rest of the policy's forward pass at 32x32 (docs/PERFORMANCE.md)."""
-    size = obs["target_map"].shape[-1]
-    far = unreachable_distance(size)
-    free = free_tiles(obs)
     in_reach = work_in_reach(obs) if in_reach is None else in_reach
     batch = rows.shape[:-1]
-    on_map = (rows >= 0) & (rows < size) & (cols >= 0) & (cols < size)
     flat = [x.reshape(-1, *x.shape[len(batch):])
-            for x in (free, free & in_reach, jnp.clip(rows, 0, size - 1),
-                      jnp.clip(cols, 0, size - 1), on_map)]
-    values = jax.vmap(functools.partial(_search, far=far))(*flat)
+            for x in search_inputs(obs, in_reach, rows, cols)]
+    values = jax.vmap(_search)(*flat)
     return values.reshape(*batch, -1)
 
 
-def _search(free, goals, rows, cols, on_map, far: int):
+def search_inputs(obs: dict, in_reach: jax.Array, rows: jax.Array, cols: jax.Array):
+    """(free, goals bool [..., N, N], rows, cols int32 [..., Q] clipped onto the map, on_map
+    bool [..., Q]): what the field's search (`tile_search`) takes for the query tiles
+    (rows, cols) of `obs`, its goals the free tiles of `in_reach` (`work_in_reach`)."""
+    size = obs["target_map"].shape[-1]
+    free = free_tiles(obs)
+    on_map = (rows >= 0) & (rows < size) & (cols >= 0) & (cols < size)
+    return (free, free & in_reach, jnp.clip(rows, 0, size - 1), jnp.clip(cols, 0, size - 1),
+            on_map)
+
+
+def _search(free, goals, rows, cols, on_map):
     """int32 [Q] for one map: free, goals bool [N, N]; rows, cols int32 [Q] on the map."""
-    size = free.shape[-1]
-    free_bits = reachability.pack(free)
-    word, bit = cols // reachability.WORD, (cols % reachability.WORD).astype(jnp.uint32)
+    search = tile_search(free.shape[-1])
+    done = search.extend(search.start(free, goals), rows, cols, on_map)
+    return search.lookup(done, rows, cols, on_map)
 
-    def reached(bits):
-        return ((bits[rows, word] >> bit) & 1) == 1
 
-    # A query on a blocked tile or off the map is never reached: it must not keep the
-    # search going.
-    open_query = on_map & reached(free_bits)
+class TileSearch(NamedTuple):
+    """The field's breadth-first search from the goal tiles, as far as it has swept
+    (`tile_search`). Packed maps [N, words] (`envs.reachability.pack`)."""
 
-    def grow(bits):
-        across = (bits | reachability.moved(bits, 0, 1, size)
-                  | reachability.moved(bits, 0, -1, size))
-        around = (across | reachability.moved(across, 1, 0, size)
-                  | reachability.moved(across, -1, 0, size))
+    free: jax.Array
+    """uint32 [N, words]: the free tiles (`free_tiles`)."""
+    reach: jax.Array
+    """uint32 [N, words]: the tiles reached within `sweeps` steps."""
+    planes: jax.Array
+    """uint32 [P, N, words]: bit p of each reached tile's distance."""
+    sweeps: jax.Array
+    """int32 []: the sweeps done."""
+    grew: jax.Array
+    """bool []: the last sweep reached a new tile."""
+
+
+class TileSearchFns(NamedTuple):
+    start: Callable[..., TileSearch]
+    """`start(free, goals) -> TileSearch`: bool [N, N] maps, no sweep yet."""
+    pending: Callable[..., jax.Array]
+    """`pending(search, rows, cols, on_map) -> bool []`: `extend` would sweep for the query
+    tiles (rows, cols int32 [Q] clipped onto the map, on_map bool [Q])."""
+    extend: Callable[..., TileSearch]
+    """`extend(search, rows, cols, on_map) -> TileSearch`: swept on until every open query
+    is reached, nothing new is, or 2N - 1 sweeps are done."""
+    lookup: Callable[..., jax.Array]
+    """`lookup(search, rows, cols, on_map) -> int32 [Q]`: the field at the queries once
+    `pending` is False."""
+
+
+@functools.cache
+def tile_search(map_size: int) -> TileSearchFns:
+    """The search behind `field_at`, in parts that a caller may keep between queries on
+    unchanged maps (`terra_rl.features.reach_cache`): each sweep ORs the tiles it reaches
+    first into the bit planes of their distance, so a kept search answers queries within
+    its reach by lookup and sweeps on from where it stopped for the others, to the values
+    of one search from scratch, bit for bit (a query on a blocked tile or off the map never
+    keeps it going)."""
+    far = unreachable_distance(map_size)
+    num_planes = (far - 1).bit_length()
+
+    def bits_at(maps, rows, cols):
+        word = cols // reachability.WORD
+        bit = (cols % reachability.WORD).astype(jnp.uint32)
+        return ((maps[..., rows, word] >> bit) & 1) == 1
+
+    def open_queries(search, rows, cols, on_map):
+        return on_map & bits_at(search.free, rows, cols)
+
+    def start(free, goals) -> TileSearch:
+        free_bits = reachability.pack(free)
+        reach = reachability.pack(goals)
+        return TileSearch(free_bits, reach,
+                          jnp.zeros((num_planes, *reach.shape), jnp.uint32), jnp.int32(0),
+                          jnp.bool_(True))
+
+    def pending(search, rows, cols, on_map):
+        unreached = open_queries(search, rows, cols, on_map) & ~bits_at(search.reach, rows,
+                                                                          cols)
+        return search.grew & (search.sweeps < far - 1) & jnp.any(unreached)
+
+    def grow(bits, free_bits):
+        across = (bits | reachability.moved(bits, 0, 1, map_size)
+                  | reachability.moved(bits, 0, -1, map_size))
+        around = (across | reachability.moved(across, 1, 0, map_size)
+                  | reachability.moved(across, -1, 0, map_size))
         return around & free_bits
 
-    def searching(carry):
-        _, distance, sweeps, grew = carry
-        return grew & (sweeps < far - 1) & jnp.any(open_query & (distance == far))
+    def extend(search, rows, cols, on_map) -> TileSearch:
+        plane_bits = jnp.arange(num_planes, dtype=jnp.int32)
 
-    def sweep(carry):
-        bits, distance, sweeps, _ = carry
-        grown = grow(bits)
-        distance = jnp.where(open_query & (distance == far) & reached(grown),
-                             sweeps + 1, distance)
-        return grown, distance, sweeps + 1, jnp.any(grown != bits)
+        def sweep(search):
+            grown = grow(search.reach, search.free)
+            distance = search.sweeps + 1
+            ones = jnp.where(((distance >> plane_bits) & 1) == 1, jnp.uint32(0xFFFFFFFF),
+                             jnp.uint32(0))
+            planes = search.planes | ((grown & ~search.reach)[None] & ones[:, None, None])
+            return TileSearch(search.free, grown, planes, distance, jnp.any(grown != search.reach))
 
-    start = reachability.pack(goals)
-    distance = jnp.where(open_query & reached(start), 0, far).astype(jnp.int32)
-    carry = (start, distance, jnp.int32(0), jnp.bool_(True))
-    return jax.lax.while_loop(searching, sweep, carry)[1]
+        return jax.lax.while_loop(lambda s: pending(s, rows, cols, on_map), sweep, search)
+
+    def lookup(search, rows, cols, on_map):
+        distance = jnp.sum(bits_at(search.planes, rows, cols).astype(jnp.int32)
+                           << jnp.arange(num_planes, dtype=jnp.int32)[:, None], axis=0)
+        found = open_queries(search, rows, cols, on_map) & bits_at(search.reach, rows, cols)
+        return jnp.where(found, distance, far)
+
+    return TileSearchFns(start, pending, extend, lookup)
 
 
 def distance_features(values: jax.Array, far: int) -> jax.Array:

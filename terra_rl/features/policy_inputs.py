@@ -15,7 +15,7 @@ from terra_rl.features.compass import compass
 from terra_rl.features.dig_distance import dig_distance_features, work_in_reach
 from terra_rl.features.egocentric import egocentric_view
 from terra_rl.features.pose_distance import pose_distance_features
-from terra_rl.features.reach_cache import IN_REACH_KEY, POSE_DISTANCES_KEY
+from terra_rl.features.reach_cache import DIG_DISTANCES_KEY, IN_REACH_KEY, POSE_DISTANCES_KEY
 
 if TYPE_CHECKING:
     from terra_rl.nets.models import PolicyConfig
@@ -94,8 +94,9 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     "map_input" float32 [..., M, M, 8] (`map_input`).
     A key already in `obs` is taken from it, not computed again. The dig and pose distances
     lead to the same goals (`work_in_reach`), computed once for both; a rollout that keeps
-    them (`terra_rl.features.reach_cache`) hands them over as `obs[IN_REACH_KEY]`, and the
-    pose distances as `obs[POSE_DISTANCES_KEY]`.
+    them (`terra_rl.features.reach_cache`) hands them over as `obs[IN_REACH_KEY]`, the pose
+    distances as `obs[POSE_DISTANCES_KEY]` and the dig-distance field at the agent's tiles as
+    `obs[DIG_DISTANCES_KEY]`.
 
     The map input is stored only for the flat encoder on XLA:CPU. There its small maps make it
     8 KB a sample (16x16, or 32x32 pooled by 2), and building it again in each gradient pass
@@ -116,7 +117,8 @@ def derived_features(obs: dict, config: PolicyConfig) -> dict[str, jax.Array]:
     compute = {
         "map_input": lambda: map_input(obs, config.map_pool),
         "compass": lambda: compass(obs),
-        "dig_distance": lambda: dig_distance_features(obs, in_reach),
+        "dig_distance": lambda: dig_distance_features(obs, in_reach,
+                                                      obs.get(DIG_DISTANCES_KEY)),
         "pose_distance": lambda: pose_distance_features(obs, in_reach, config.wheeled_agents,
                                                         obs.get(POSE_DISTANCES_KEY)),
         "egocentric_view": lambda: egocentric_view(obs, config.egocentric_radius),

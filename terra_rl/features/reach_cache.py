@@ -44,8 +44,8 @@ import jax.numpy as jnp
 
 from envs.batch import over_chunks, select_where
 from envs.reachability import MoveSearch
-from terra_rl.features import pose_distance
-from terra_rl.features.dig_distance import work_in_reach
+from terra_rl.features import dig_distance, pose_distance
+from terra_rl.features.dig_distance import TileSearch, work_in_reach
 
 IN_REACH_KEY = "work_in_reach"
 """Where the refreshed observation holds the goals, bool [num_envs, N, N]:
@@ -54,7 +54,11 @@ IN_REACH_KEY = "work_in_reach"
 POSE_DISTANCES_KEY = "pose_distances"
 """Where it holds the pose distances, int32 [num_envs, 5] (`pose_distance.pose_distances`)."""
 
-CACHE_KEYS = (IN_REACH_KEY, POSE_DISTANCES_KEY)
+DIG_DISTANCES_KEY = "dig_distances"
+"""Where it holds the dig-distance field at the agent's tile and the 12 next to it, int32
+[num_envs, 13] (`dig_distance.field_at` at `dig_distance.feature_tiles`)."""
+
+CACHE_KEYS = (IN_REACH_KEY, POSE_DISTANCES_KEY, DIG_DISTANCES_KEY)
 
 MAP_KEYS = ("target_map", "action_map", "dumpability", "refused_digs")
 """The observation's maps `work_in_reach` reads (`refused_digs` where present)."""
@@ -71,6 +75,8 @@ class ReachCacheState(NamedTuple):
     """bool [num_envs, N, N]: `work_in_reach` of those maps."""
     search: MoveSearch | None
     """Each env's pose search (leading [num_envs]); None without the pose distance."""
+    dig_search: TileSearch | None
+    """Each env's dig-distance search (leading [num_envs]); None without the dig distance."""
     fresh: jax.Array
     """bool [num_envs]: the env's work was done (False until its first refresh)."""
 
@@ -94,10 +100,12 @@ def default_chunk(num_envs: int, backend: str) -> int:
 
 
 def make_reach_cache(num_envs: int, chunk: int | None = None, *,
-                     pose_distances: bool = True, wheeled_agents: bool = True) -> ReachCache:
+                     pose_distances: bool = True, wheeled_agents: bool = True,
+                     dig_distances: bool = True) -> ReachCache:
     """The cache for a batch of `num_envs` observations; `chunk` envs recomputed per pass
     (default `default_chunk`). With `pose_distances`, the pose search too, over the states
-    of `wheeled_agents` (`pose_distance.pose_distances`)."""
+    of `wheeled_agents` (`pose_distance.pose_distances`); with `dig_distances`, the dig
+    distance's search (`dig_distance.tile_search`)."""
     chunk = default_chunk(num_envs, jax.default_backend()) if chunk is None else chunk
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
@@ -111,16 +119,28 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         one_env = functools.partial(pose_distance.queries, obs["target_map"].shape[-1])
         return jax.vmap(one_env)(obs["agent_state"], obs["agent_type"])
 
+    def dig_queries(obs, in_reach):
+        rows, cols = dig_distance.feature_tiles(obs["agent_state"])
+        return dig_distance.search_inputs(obs, in_reach, rows, cols)
+
+    def zeros_like_output(fn, *args):
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
     def init(obs: dict) -> ReachCacheState:
         in_reach = jnp.zeros(obs["target_map"].shape, bool)
-        searches = None
+        searches = dig_searches = None
         if pose_distances:
             _, _, is_wheeled = queries(obs)
-            shapes = jax.eval_shape(jax.vmap(search_for(obs).start), obs["action_map"],
-                                    obs["obstacles"], in_reach, is_wheeled)
-            searches = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            searches = zeros_like_output(jax.vmap(search_for(obs).start), obs["action_map"],
+                                         obs["obstacles"], in_reach, is_wheeled)
+        if dig_distances:
+            free, goals, *_ = dig_queries(obs, in_reach)
+            dig_searches = zeros_like_output(jax.vmap(dig_search_for(obs).start), free, goals)
         return ReachCacheState(compared=_compared(obs), in_reach=in_reach, search=searches,
-                               fresh=jnp.zeros((num_envs,), bool))
+                               dig_search=dig_searches, fresh=jnp.zeros((num_envs,), bool))
+
+    def dig_search_for(obs):
+        return dig_distance.tile_search(obs["target_map"].shape[-1])
 
     def refresh(state: ReachCacheState, obs: dict) -> tuple[ReachCacheState, dict]:
         compared = _compared(obs)
@@ -153,8 +173,24 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
 
             searches = over_chunks(needed, chunk, sweep_on, state.search)
             out[POSE_DISTANCES_KEY] = jax.vmap(search.lookup)(searches, states, valid)
+        dig_searches = None
+        if dig_distances:
+            dig = dig_search_for(obs)
+            free, goals, rows, cols, on_map = dig_queries(obs, in_reach)
+            needed = stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map)
+
+            def dig_on(gather, part, searches):
+                started = jax.vmap(dig.start)(free[gather], goals[gather])
+                kept = jax.tree.map(lambda x: x[gather], searches)
+                begun = select_where(stale[gather], started, kept)
+                swept = jax.vmap(dig.extend)(begun, rows[gather], cols[gather], on_map[gather])
+                return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
+                                    searches, swept)
+
+            dig_searches = over_chunks(needed, chunk, dig_on, state.dig_search)
+            out[DIG_DISTANCES_KEY] = jax.vmap(dig.lookup)(dig_searches, rows, cols, on_map)
         new_state = ReachCacheState(compared=compared, in_reach=in_reach, search=searches,
-                                    fresh=jnp.ones((num_envs,), bool))
+                                    dig_search=dig_searches, fresh=jnp.ones((num_envs,), bool))
         return new_state, out
 
     return ReachCache(init=init, refresh=refresh)

@@ -362,7 +362,8 @@ def make_observation_cache(policy: nn.Module, num_envs: int) -> ReachCache | Non
     if not (config.dig_distance or config.pose_distance):
         return None
     return make_reach_cache(num_envs, pose_distances=config.pose_distance,
-                            wheeled_agents=config.wheeled_agents)
+                            wheeled_agents=config.wheeled_agents,
+                            dig_distances=config.dig_distance)
 
 
 class ExcavationPolicy(nn.Module):
