@@ -283,6 +283,21 @@ def make_targets_cut_off(config: EnvConfig, wheeled: bool | None = None):
     return cut_off
 
 
+def record_distance(planes: jax.Array, new: jax.Array, distance: jax.Array) -> jax.Array:
+    """`planes` uint32 [P, ...] (bit p of each packed state's distance) with the states of
+    `new` (packed, [...]) recorded at `distance` int32 []: a breadth-first search's sweep."""
+    bits = (distance >> jnp.arange(planes.shape[0], dtype=jnp.int32)) & 1
+    ones = jnp.where(bits == 1, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    return planes | (new[None] & ones.reshape(-1, *(1,) * new.ndim))
+
+
+def planes_distance(bits: jax.Array) -> jax.Array:
+    """int32 [Q]: the distances whose bits `record_distance` kept, read at Q states as bool
+    [P, Q]."""
+    return jnp.sum(bits.astype(jnp.int32)
+                   << jnp.arange(bits.shape[0], dtype=jnp.int32)[:, None], axis=0)
+
+
 class MoveSearch(NamedTuple):
     """A breadth-first search over the states (wheel angle, base heading, row, col) from the
     goal states, as far as it has swept (`make_move_search`). Packed maps:
@@ -378,23 +393,17 @@ def make_move_search(config: EnvConfig, max_distance: int) -> MoveSearchFns:
         return search.grew & (search.sweeps < max_distance) & jnp.any(unreached)
 
     def extend(search, queries, valid, is_wheeled) -> MoveSearch:
-        plane_bits = jnp.arange(num_planes, dtype=jnp.int32)
-
         def sweep(search):
             grown = grow(search.reach, search.pose_free, is_wheeled)
             distance = search.sweeps + 1
-            ones = jnp.where(((distance >> plane_bits) & 1) == 1, jnp.uint32(0xFFFFFFFF),
-                             jnp.uint32(0))
-            new = grown & ~search.reach
-            planes = search.planes | (new[None] & ones[:, None, None, None, None])
+            planes = record_distance(search.planes, grown & ~search.reach, distance)
             return MoveSearch(search.pose_free, grown, planes, distance,
                               jnp.any(grown != search.reach))
 
         return jax.lax.while_loop(lambda s: pending(s, queries, valid), sweep, search)
 
     def lookup(search, queries, valid):
-        distance = jnp.sum(bits_at(search.planes, queries).astype(jnp.int32)
-                           << jnp.arange(num_planes, dtype=jnp.int32)[:, None], axis=0)
+        distance = planes_distance(bits_at(search.planes, queries))
         found = open_queries(search, queries, valid) & bits_at(search.reach, queries)
         return jnp.where(found, jnp.minimum(distance, max_distance), max_distance)
 

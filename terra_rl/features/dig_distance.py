@@ -281,21 +281,17 @@ def tile_search(map_size: int) -> TileSearchFns:
         return around & free_bits
 
     def extend(search, rows, cols, on_map) -> TileSearch:
-        plane_bits = jnp.arange(num_planes, dtype=jnp.int32)
-
         def sweep(search):
             grown = grow(search.reach, search.free)
             distance = search.sweeps + 1
-            ones = jnp.where(((distance >> plane_bits) & 1) == 1, jnp.uint32(0xFFFFFFFF),
-                             jnp.uint32(0))
-            planes = search.planes | ((grown & ~search.reach)[None] & ones[:, None, None])
+            planes = reachability.record_distance(search.planes, grown & ~search.reach,
+                                                  distance)
             return TileSearch(search.free, grown, planes, distance, jnp.any(grown != search.reach))
 
         return jax.lax.while_loop(lambda s: pending(s, rows, cols, on_map), sweep, search)
 
     def lookup(search, rows, cols, on_map):
-        distance = jnp.sum(bits_at(search.planes, rows, cols).astype(jnp.int32)
-                           << jnp.arange(num_planes, dtype=jnp.int32)[:, None], axis=0)
+        distance = reachability.planes_distance(bits_at(search.planes, rows, cols))
         found = open_queries(search, rows, cols, on_map) & bits_at(search.reach, rows, cols)
         return jnp.where(found, distance, far)
 

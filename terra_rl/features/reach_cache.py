@@ -160,18 +160,10 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
             states, valid, is_wheeled = queries(obs)
             needed = stale | jax.vmap(search.pending)(state.search, states, valid)
 
-            def sweep_on(gather, part, searches):
-                started = jax.vmap(search.start)(obs["action_map"][gather],
-                                                 obs["obstacles"][gather], in_reach[gather],
-                                                 is_wheeled[gather])
-                kept = jax.tree.map(lambda x: x[gather], searches)
-                begun = select_where(stale[gather], started, kept)
-                swept = jax.vmap(search.extend)(begun, states[gather], valid[gather],
-                                                is_wheeled[gather])
-                return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
-                                    searches, swept)
-
-            searches = over_chunks(needed, chunk, sweep_on, state.search)
+            searches = _swept_on(
+                state.search, stale, needed, chunk,
+                search.start, (obs["action_map"], obs["obstacles"], in_reach, is_wheeled),
+                search.extend, (states, valid, is_wheeled))
             out[POSE_DISTANCES_KEY] = jax.vmap(search.lookup)(searches, states, valid)
         dig_searches = None
         if dig_distances:
@@ -179,21 +171,31 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
             free, goals, rows, cols, on_map = dig_queries(obs, in_reach)
             needed = stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map)
 
-            def dig_on(gather, part, searches):
-                started = jax.vmap(dig.start)(free[gather], goals[gather])
-                kept = jax.tree.map(lambda x: x[gather], searches)
-                begun = select_where(stale[gather], started, kept)
-                swept = jax.vmap(dig.extend)(begun, rows[gather], cols[gather], on_map[gather])
-                return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
-                                    searches, swept)
-
-            dig_searches = over_chunks(needed, chunk, dig_on, state.dig_search)
+            dig_searches = _swept_on(state.dig_search, stale, needed, chunk,
+                                     dig.start, (free, goals), dig.extend, (rows, cols, on_map))
             out[DIG_DISTANCES_KEY] = jax.vmap(dig.lookup)(dig_searches, rows, cols, on_map)
         new_state = ReachCacheState(compared=compared, in_reach=in_reach, search=searches,
                                     dig_search=dig_searches, fresh=jnp.ones((num_envs,), bool))
         return new_state, out
 
     return ReachCache(init=init, refresh=refresh)
+
+
+def _swept_on(searches, stale, needed, chunk: int, start, start_args, extend, query_args):
+    """`searches` (leading [num_envs]) with those `needed` (bool [num_envs]) swept on as far
+    as their queries need, `chunk` envs at a time; a `stale` env's search is started again
+    first. `start(*start_args)` and `extend(search, *query_args)` per env, each argument
+    [num_envs, ...]."""
+
+    def sweep_chunk(gather, part, searches):
+        started = jax.vmap(start)(*(x[gather] for x in start_args))
+        kept = jax.tree.map(lambda x: x[gather], searches)
+        begun = select_where(stale[gather], started, kept)
+        swept = jax.vmap(extend)(begun, *(x[gather] for x in query_args))
+        return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
+                            searches, swept)
+
+    return over_chunks(needed, chunk, sweep_chunk, searches)
 
 
 def _compared(obs: dict) -> dict[str, Any]:
