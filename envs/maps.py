@@ -19,7 +19,14 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+
+from envs.grid_masks import (
+    chebyshev_distance,
+    clear_square_centres,
+    dilate,
+    free_window_origins,
+    square_mask,
+)
 
 # index = map type id; new types go at the end so datasets on disk keep their meaning
 MAP_TYPES = ("foundations", "trenches", "tiny_trenches", "tiny_foundations")
@@ -191,11 +198,11 @@ def _build_foundations(
     # The spawn square is reserved first: footprints and dump bands are laid out around it.
     row, col = rng.integers(clearance, size - clearance, size=2)
     spawn = (int(row), int(col))
-    reserved = _square_mask(size, spawn, clearance)
+    reserved = square_mask(size, spawn, clearance)
     lane = _FREE_LANE[size]
     border = np.ones((size, size), bool)
     border[1:-1, 1:-1] = False
-    border = _dilate(border, lane - 1)
+    border = dilate(border, lane - 1)
     dig = np.zeros((size, size), bool)
     n_footprints = int(rng.integers(1, _MAX_FOUNDATIONS[size] + 1))
     shrink = scale / np.sqrt(n_footprints)
@@ -205,8 +212,8 @@ def _build_foundations(
         height, width = (int(v) for v in rng.integers(low, high + 1, size=2))
         # Keep a free tile to the spawn square, the free lane to the map's edge, and 3 tiles
         # to other footprints.
-        keep_out = _dilate(reserved, 1) | _dilate(dig, 3) | border
-        origins = _free_window_origins(keep_out, height, width)
+        keep_out = dilate(reserved, 1) | dilate(dig, 3) | border
+        origins = free_window_origins(keep_out, height, width)
         if len(origins) == 0:
             if index == 0:
                 return None
@@ -217,7 +224,7 @@ def _build_foundations(
     dump = _dump_band(dig, reserved, max_width=size // 4, lane=lane)
     if dump is None:
         return None
-    keep_clear = _dilate(dig, lane + 1) | _dilate(dump, 2) | reserved
+    keep_clear = dilate(dig, lane + 1) | dilate(dump, 2) | reserved
     obstacles = _scatter_small_obstacles(rng, size, keep_clear)
     if not _every_target_has_a_zone_in_reach(dig, dump, obstacles, size):
         return None
@@ -291,7 +298,7 @@ def _dump_band(
 
     dig, reserved: bool [N, N]. Returns bool [N, N], or None if even max_width is too small.
     """
-    distance = _chebyshev_distance(dig, lane + max_width)
+    distance = chebyshev_distance(dig, lane + max_width)
     candidates = (distance > lane) & (distance <= lane + max_width) & ~reserved
     # area_by_width[w - 1] = dump area of a band of width w (distances lane + 1 .. lane + w)
     counts = np.bincount(distance[candidates], minlength=lane + max_width + 1)
@@ -313,7 +320,7 @@ def _scatter_small_obstacles(
         return obstacles
     for _ in range(int(rng.integers(1, 3))):
         side = int(rng.integers(1, max(1, size // 16) + 2))
-        origins = _free_window_origins(keep_out | obstacles, side, side)
+        origins = free_window_origins(keep_out | obstacles, side, side)
         if len(origins):
             row, col = origins[rng.integers(len(origins))]
             obstacles[row : row + side, col : col + side] = True
@@ -330,17 +337,17 @@ def _build_trenches(
     for _ in range(int(rng.integers(1, 4))):
         dig |= _trench_mask(rng, size, scale)
     dig[[0, -1], :] = dig[:, [0, -1]] = False  # border tiles are awkward to reach
-    centres = _clear_square_centres(dig, clearance)
+    centres = clear_square_centres(dig, clearance)
     if not dig.any() or len(centres) == 0:
         return None
     spawn = tuple(int(v) for v in centres[rng.integers(len(centres))])
-    reserved = _square_mask(size, spawn, clearance)
+    reserved = square_mask(size, spawn, clearance)
 
     obstacles = np.zeros((size, size), bool)
-    keep_out = _dilate(dig, 1) | reserved  # obstacles stay off the trench and its edge
+    keep_out = dilate(dig, 1) | reserved  # obstacles stay off the trench and its edge
     for _ in range(int(rng.integers(1, size // 16 + 2))):
         height, width = (int(v) for v in rng.integers(1, max(2, size // 8) + 1, size=2))
-        origins = _free_window_origins(keep_out | obstacles, height, width)
+        origins = free_window_origins(keep_out | obstacles, height, width)
         if len(origins):
             row, col = origins[rng.integers(len(origins))]
             obstacles[row : row + height, col : col + width] = True
@@ -381,7 +388,7 @@ def _fallback_layout(type_name: str, size: int, clearance: int) -> _Layout:
     Needs size - (2 * clearance + 1) >= _FALLBACK_ROWS, which check_generation_args enforces.
     """
     spawn = (clearance, clearance)
-    reserved = _square_mask(size, spawn, clearance)
+    reserved = square_mask(size, spawn, clearance)
     dig = np.zeros((size, size), bool)
     dumpable = np.ones((size, size), bool)
     if HAS_DUMP_ZONES[type_name]:
@@ -419,7 +426,7 @@ def _build_tiny_trenches(
     dig = np.zeros((size, size), bool)
     for k in range(length):
         dig[start[0] + k * direction[0], start[1] + k * direction[1]] = True
-    centres = _clear_square_centres(_dilate(dig, 1), clearance)
+    centres = clear_square_centres(dilate(dig, 1), clearance)
     if len(centres) == 0:
         return None
     # The nearest clear spawn square, so the first levels need little driving.
@@ -438,14 +445,14 @@ def _build_tiny_foundations(
     del scale
     row, col = rng.integers(clearance, size - clearance, size=2)
     spawn = (int(row), int(col))
-    reserved = _square_mask(size, spawn, clearance)
+    reserved = square_mask(size, spawn, clearance)
     height, width = int(rng.integers(1, 3)), int(rng.integers(2, 4))
     if rng.random() < 0.5:
         height, width = width, height
     border = np.ones((size, size), bool)
     border[1:-1, 1:-1] = False
-    keep_out = _dilate(reserved, 1) | _dilate(border, 2)
-    origins = _free_window_origins(keep_out, height, width)
+    keep_out = dilate(reserved, 1) | dilate(border, 2)
+    origins = free_window_origins(keep_out, height, width)
     if len(origins) == 0:
         return None
     distance = np.abs(origins - np.array(spawn)).max(axis=1)
@@ -469,65 +476,6 @@ _BUILDERS: dict[str, _Builder] = {
     "tiny_trenches": _build_tiny_trenches,
     "tiny_foundations": _build_tiny_foundations,
 }
-
-
-# ----------------------------------------------------------------------------- grid helpers
-
-
-def _square_mask(size: int, centre: tuple[int, int], half_size: int) -> np.ndarray:
-    """bool [N, N], True on the square of half-size `half_size` around centre (clipped)."""
-    mask = np.zeros((size, size), bool)
-    row, col = centre
-    rows = slice(max(row - half_size, 0), row + half_size + 1)
-    cols = slice(max(col - half_size, 0), col + half_size + 1)
-    mask[rows, cols] = True
-    return mask
-
-
-def _dilate(mask: np.ndarray, radius: int) -> np.ndarray:
-    """Chebyshev dilation: True within `radius` tiles (8-neighbourhood) of mask. bool [N, N]."""
-    if radius <= 0:
-        return mask.copy()
-    window = 2 * radius + 1
-    padded = np.pad(mask, radius)
-    rows = sliding_window_view(padded, window, axis=0).any(axis=-1)
-    return sliding_window_view(rows, window, axis=1).any(axis=-1)
-
-
-def _chebyshev_distance(mask: np.ndarray, max_distance: int) -> np.ndarray:
-    """int32 [N, N]: Chebyshev distance to the nearest True tile, capped at max_distance + 1."""
-    distance = np.full(mask.shape, max_distance + 1, np.int32)
-    distance[mask] = 0
-    reached = mask
-    for step in range(1, max_distance + 1):
-        reached = _dilate(reached, 1)
-        distance[reached & (distance > step)] = step
-    return distance
-
-
-def _window_sums(mask: np.ndarray, height: int, width: int) -> np.ndarray:
-    """int [N - height + 1, N - width + 1]: True count in each height x width window."""
-    integral = np.zeros((mask.shape[0] + 1, mask.shape[1] + 1), np.int32)
-    integral[1:, 1:] = mask.cumsum(axis=0).cumsum(axis=1)
-    return (
-        integral[height:, width:]
-        - integral[:-height, width:]
-        - integral[height:, :-width]
-        + integral[:-height, :-width]
-    )
-
-
-def _free_window_origins(blocked: np.ndarray, height: int, width: int) -> np.ndarray:
-    """int [K, 2]: top-left (row, col) of every height x width window with no blocked tile."""
-    if height > blocked.shape[0] or width > blocked.shape[1]:
-        return np.zeros((0, 2), np.int64)
-    return np.argwhere(_window_sums(blocked, height, width) == 0)
-
-
-def _clear_square_centres(blocked: np.ndarray, half_size: int) -> np.ndarray:
-    """int [K, 2]: centres of every in-map square of half-size `half_size` with no blocked tile."""
-    side = 2 * half_size + 1
-    return _free_window_origins(blocked, side, side) + half_size
 
 
 def _join(values: Sequence[object]) -> str:
