@@ -4,6 +4,7 @@ dominate test time, so every test reuses one of two shape families (16x16 and 32
 from __future__ import annotations
 
 import os
+from importlib.metadata import version
 from pathlib import Path
 
 # Four CPU devices for the multi-device trainer tests; set before jax initialises.
@@ -17,6 +18,17 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # the default. Measured in docs/PERFORMANCE.md ("The test command").
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+# Two more for the same reason, measured on jaxlib 0.10 (docs/PERFORMANCE.md, "The test
+# command"): XLA:CPU's older elemental emitters compile a fusion in less time than its
+# MLIR fusion emitters (the whole suite about a quarter faster), and one LLVM module per
+# program rather than parallel parts, since both cores are busy with the two workers. XLA
+# aborts on a flag it does not know, so other jaxlib versions keep only the -O0 above.
+_COMPILE_FAST_FLAGS = ("--xla_cpu_use_fusion_emitters=false",
+                       "--xla_cpu_parallel_codegen_split_count=1")
+if version("jaxlib").startswith("0.10."):
+    for _flag in _COMPILE_FAST_FLAGS:
+        if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
+            os.environ["XLA_FLAGS"] += " " + _flag
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -36,7 +48,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not _CACHE_DIR.endswith(
         os.environ["PYTEST_XDIST_WORKER"]):
     _CACHE_DIR = os.path.join(_CACHE_DIR, os.environ["PYTEST_XDIST_WORKER"])
 os.environ["TERRA_RL_TEST_CACHE"] = _CACHE_DIR
-_MIN_COMPILE_SECONDS = 0.5
+_MIN_COMPILE_SECONDS = 0.1
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", _MIN_COMPILE_SECONDS)
 jax.config.update("jax_enable_compilation_cache", True)
