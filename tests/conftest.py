@@ -4,31 +4,17 @@ dominate test time, so every test reuses one of two shape families (16x16 and 32
 from __future__ import annotations
 
 import os
-from importlib.metadata import version
 from pathlib import Path
+
+from tests.xla_flags import environ_with_compile_flags
 
 # Four CPU devices for the multi-device trainer tests; set before jax initialises.
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     ).strip()
-# The suite is compile-bound: XLA:CPU's LLVM at -O0 compiles about a third faster, and
-# without fast-math its arithmetic is the same IEEE arithmetic, only less vectorised. The
-# test processes and the ones they start (exported) use it; training and `make gates` keep
-# the default. Measured in docs/PERFORMANCE.md ("The test command").
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
-# Two more for the same reason, measured on jaxlib 0.10 (docs/PERFORMANCE.md, "The test
-# command"): XLA:CPU's older elemental emitters compile a fusion in less time than its
-# MLIR fusion emitters (the whole suite about a quarter faster), and one LLVM module per
-# program rather than parallel parts, since both cores are busy with the two workers. XLA
-# aborts on a flag it does not know, so other jaxlib versions keep only the -O0 above.
-_COMPILE_FAST_FLAGS = ("--xla_cpu_use_fusion_emitters=false",
-                       "--xla_cpu_parallel_codegen_split_count=1")
-if version("jaxlib").startswith("0.10."):
-    for _flag in _COMPILE_FAST_FLAGS:
-        if _flag.split("=")[0] not in os.environ["XLA_FLAGS"]:
-            os.environ["XLA_FLAGS"] += " " + _flag
+# The compile flags of tests/xla_flags.py: the suite is compile-bound.
+environ_with_compile_flags()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -32,6 +32,7 @@ from terra_rl.cli.main import main
 from terra_rl.run.checkpointing import CheckpointError, CheckpointStore
 from terra_rl.run.logger import read_metrics
 from terra_rl.validation.small import PLAIN_ENV_FLAGS
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "distributed_worker.py"
@@ -66,7 +67,7 @@ def launch(log_dir: Path, flags: list[str]) -> list[tuple[int, str, str]]:
     that has not exited after TIMEOUT_S fails the test (all are killed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}",
+        XLA_FLAGS=xla_flags(DEVICES_PER_PROCESS),
         JAX_PLATFORMS="cpu",
         PYTHONUNBUFFERED="1",
     )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from terra_rl.config import get_preset
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = ("solo_excavator", "trench_excavator", "mixed_excavators")
@@ -32,7 +33,7 @@ def test_each_gpu_preset_trains_and_evaluates_at_64x64_on_the_cpu(preset, tmp_pa
     groups = len(config.map_types) * (2 if 0 < config.wheeled_fraction < 1 else 1)
     eval_episodes = 2 * groups
     env = dict(os.environ, JAX_PLATFORMS="cpu", WANDB_MODE="disabled")
-    env.pop("XLA_FLAGS", None)  # one CPU device, as on a 1-GPU machine
+    env["XLA_FLAGS"] = xla_flags()  # one CPU device, as on a 1-GPU machine
     result = subprocess.run(
         [sys.executable, str(REPO / "train_mixed.py"), "--config", preset,
          "--num_envs_per_device", "8", "--eval_episodes", str(eval_episodes),

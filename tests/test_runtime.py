@@ -21,6 +21,7 @@ import pytest
 from terra_rl.nets.precision import compute_dtype
 from terra_rl.ops import cuda_libs, preflight_types, runtime, runtime_checks, runtime_cli
 from terra_rl.ops.preflight_types import FAIL, PASS, SKIP, PreflightOptions, PreflightState
+from tests.xla_flags import xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "euler" / "check_jax_runtime.py"
@@ -201,7 +202,7 @@ def test_train_smoke_runs_one_real_update():
 
 def script_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    env["XLA_FLAGS"] = xla_flags(4)
     cache = os.environ.get("TERRA_RL_TEST_CACHE",
                            str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache"))
     env["JAX_COMPILATION_CACHE_DIR"] = cache

@@ -1,0 +1,45 @@
+"""XLA_FLAGS of the test processes and of the processes they start.
+
+The suite is compile-bound on the 2-core CPU, so the tests compile with flags that make
+XLA:CPU compile faster without changing its arithmetic (measured in docs/PERFORMANCE.md,
+"The test command"); training and `make gates` keep XLA's defaults:
+
+- `--xla_backend_optimization_level=0`: LLVM at -O0 compiles about a third faster; without
+  fast-math its arithmetic is the same IEEE arithmetic, only less vectorised.
+- On jaxlib 0.10, `--xla_cpu_use_fusion_emitters=false`: the older elemental emitters
+  compile a fusion in less time than the MLIR fusion emitters (the whole suite about a
+  quarter faster), and `--xla_cpu_parallel_codegen_split_count=1`: one LLVM module per
+  program rather than parts compiled in parallel, since the two workers keep both cores
+  busy. XLA aborts on a flag it does not know, so other jaxlib versions go without them.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import version
+
+COMPILE_FLAGS: tuple[str, ...] = ("--xla_backend_optimization_level=0",)
+if version("jaxlib").startswith("0.10."):
+    COMPILE_FLAGS += ("--xla_cpu_use_fusion_emitters=false",
+                      "--xla_cpu_parallel_codegen_split_count=1")
+
+
+def with_compile_flags(flags: str) -> str:
+    """`flags` (an XLA_FLAGS value) with each of `COMPILE_FLAGS` it does not set already."""
+    for flag in COMPILE_FLAGS:
+        if flag.split("=")[0] not in flags:
+            flags = f"{flags} {flag}"
+    return flags.strip()
+
+
+def xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a process a test starts: `COMPILE_FLAGS` and `devices` forced CPU
+    devices (None: XLA's default, one)."""
+    forced = "" if devices is None else f"--xla_force_host_platform_device_count={devices}"
+    return with_compile_flags(forced)
+
+
+def environ_with_compile_flags() -> None:
+    """Adds `COMPILE_FLAGS` to this process's XLA_FLAGS (before jax initialises); exported,
+    so the processes the tests start compile with them too."""
+    os.environ["XLA_FLAGS"] = with_compile_flags(os.environ.get("XLA_FLAGS", ""))
