@@ -24,9 +24,10 @@ import pytest  # noqa: E402
 # for the processes the tests start (train_mixed.py, the scripts, the distributed workers).
 # The test processes use it too: the trainers that test files build again compile the same
 # programs, which then load from it (clean-clone runs with an empty cache: 11 min 51 s and
-# 12 min 0 s against 13 min 13 s without it, docs/PERFORMANCE.md). It crashed workers on 2026-11-25,
-# while serializing or deserializing a program, after other test files had run in them: the
-# memory maps that the teardown below now keeps under the kernel's limit.
+# 12 min 0 s against 13 min 13 s without it, on 413437b and fb4532d). It crashed workers on
+# 2026-11-25, while serializing or deserializing a program, after other test files had run
+# in them: the memory maps that the teardown below now keeps under the kernel's limit.
+# Programs that compile in 0.1 s or more are kept (docs/PERFORMANCE.md, "The test command").
 _CACHE_DIR = os.environ.get(
     "TERRA_RL_TEST_CACHE", str(Path.home() / ".cache" / "terra_rl" / "jax-test-cache")
 )
