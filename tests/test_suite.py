@@ -5,6 +5,7 @@ leave most of the suite in it."""
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,12 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from tests.xla_flags import COMPILE_FLAGS, with_compile_flags, xla_flags
+
 TESTS = Path(__file__).resolve().parent
 
 
 def test_every_test_runs_under_a_timeout(pytestconfig):
     assert pytestconfig.pluginmanager.hasplugin("timeout"), "pip install -e '.[dev]'"
     assert 600 <= float(pytestconfig.getini("timeout")) <= 1800
+
+
+def test_the_compile_flags_reach_this_process_and_the_ones_tests_start():
+    """tests/xla_flags.py: this process compiles with every compile flag (conftest adds them
+    before jax starts), a process a test starts gets them beside its own device count, and a
+    flag set already keeps its value."""
+    assert "--xla_backend_optimization_level=0" in COMPILE_FLAGS
+    names = [flag.split("=")[0] for flag in COMPILE_FLAGS]
+    assert all(name in os.environ["XLA_FLAGS"] for name in names)
+    started = xla_flags(2).split()
+    assert sorted(started) == sorted([*COMPILE_FLAGS, "--xla_force_host_platform_device_count=2"])
+    assert sorted(xla_flags().split()) == sorted(COMPILE_FLAGS)
+    kept = with_compile_flags("--xla_backend_optimization_level=2").split()
+    assert kept.count("--xla_backend_optimization_level=2") == 1
+    assert "--xla_backend_optimization_level=0" not in kept and len(kept) == len(COMPILE_FLAGS)
 
 
 def test_a_hanging_test_fails_at_its_timeout(tmp_path):
