@@ -14,6 +14,9 @@ XLA:CPU compile faster (measured in docs/PERFORMANCE.md, "The test command"); tr
   tests start too: the whole suite in 9 min 8 s against 14 min 17 s. With both, 5 updates
   and an evaluation of tests/test_learning.py's trainer give the same bits as -O0 alone.
   XLA aborts on a flag it does not know, so other jaxlib versions go without them.
+
+`as_training_compiles` gives one program back what training compiles, inside a test process
+that keeps these flags (tests/test_learning.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,21 @@ COMPILE_FLAGS: tuple[str, ...] = ("--xla_backend_optimization_level=0",)
 if version("jaxlib").startswith("0.10."):
     COMPILE_FLAGS += ("--xla_cpu_use_fusion_emitters=false",
                       "--xla_cpu_parallel_codegen_split_count=1")
+
+
+DEFAULT_OPTIMIZATION_LEVEL = 2
+"""XLA:CPU's backend optimisation level when XLA_FLAGS sets none: training's."""
+
+
+def as_training_compiles(options: dict) -> dict:
+    """Per-program compiler options (`jax.stages.Lowered.compile`'s) that undo
+    `COMPILE_FLAGS` on top of `options`, which training passes for that program: XLA's
+    default level unless `options` sets one, and the fusion emitters on. The codegen split
+    stays at 1, which changes how a program is compiled, not what it computes."""
+    undone = {"xla_backend_optimization_level": DEFAULT_OPTIMIZATION_LEVEL}
+    if "--xla_cpu_use_fusion_emitters=false" in COMPILE_FLAGS:
+        undone["xla_cpu_use_fusion_emitters"] = True
+    return {**undone, **options}
 
 
 def with_compile_flags(flags: str) -> str:

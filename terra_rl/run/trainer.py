@@ -87,6 +87,11 @@ class Trainer:
     """The eval's compile running in a background thread, until `compile_eval` takes it."""
     eval_compile_wait_seconds: float = 0.0
     """How long `compile_eval` waited for a background compile to finish."""
+    compiler_options: dict[str, dict] = dataclasses.field(default_factory=dict)
+    """XLA compiler options by program ("init", "update", "eval"), in place of the defaults:
+    on CPU `INIT_COMPILER_OPTIONS` and `EVAL_COMPILER_OPTIONS` unless XLA_FLAGS sets a level,
+    none for the update. tests/test_learning.py compiles training's own programs this way in
+    a test process whose XLA_FLAGS compile faster."""
     trace_counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     """How often the update and the eval were traced ("update", "eval"): once each per
     trainer, whatever the updates, evals, checkpoints and resumes of its runs."""
@@ -133,13 +138,16 @@ class Trainer:
         self.init_out_info = lowered.out_info
         self.init_compile_future = _compile(
             lambda: lowered, start, background, "init-compile",
-            compiler_options=self._cpu_compiler_options(INIT_COMPILER_OPTIONS))
+            compiler_options=self._compiler_options("init", INIT_COMPILER_OPTIONS))
 
-    def _cpu_compiler_options(self, options: dict) -> dict:
-        """`options` on CPU unless XLA_FLAGS sets an optimisation level; else none."""
+    def _compiler_options(self, program: str, cpu_options: dict) -> dict | None:
+        """`self.compiler_options[program]` if set; else `cpu_options` on CPU unless
+        XLA_FLAGS sets an optimisation level; else None (XLA_FLAGS alone)."""
+        if program in self.compiler_options:
+            return self.compiler_options[program]
         level_set = "xla_backend_optimization_level" in (env_vars.get("XLA_FLAGS") or "")
         on_cpu = self.devices[0].platform == "cpu"
-        return options if on_cpu and not level_set else {}
+        return (cpu_options or None) if on_cpu and not level_set else None
 
     def with_policy_params(self, runner: RunnerState, params) -> RunnerState:
         """`runner` with host `params` (no device axis) as every device's policy parameters:
@@ -180,7 +188,8 @@ class Trainer:
         if self.compiled_update is None:
             self.lower_update(runner)
             start = time.perf_counter()
-            self.compiled_update = self.lowered_update.compile()
+            self.compiled_update = self.lowered_update.compile(
+                compiler_options=self._compiler_options("update", {}))
             self.compile_seconds += time.perf_counter() - start
             self.lowered_update = None
         return self.compiled_update
@@ -234,7 +243,7 @@ class Trainer:
                            self.replicate(np.bool_(False)))
         self.eval_compile_future = _compile(
             lambda: self.eval_fn.lower(*args), start, background, "eval-compile",
-            compiler_options=self._cpu_compiler_options(EVAL_COMPILER_OPTIONS))
+            compiler_options=self._compiler_options("eval", EVAL_COMPILER_OPTIONS))
 
     def eval_compiled(self) -> bool:
         """Whether `compile_eval` would return without waiting."""
