@@ -194,9 +194,10 @@ class BatchEnv:
         if not self.env.checks_cut_off:
             return jax.vmap(self.env.observation)(state)
         if_kept, if_cut, arguments = jax.vmap(self.env.observation_either_way)(state)
-        differs = jax.tree.map(
-            lambda a, b: jnp.any((a != b).reshape(a.shape[0], -1), axis=1), if_kept, if_cut)
-        needed = functools.reduce(jnp.logical_or, jax.tree.leaves(differs))
+        # The test's answer reaches the observation through the mask alone (the refused
+        # digs follow the mask's DO), and only its keys differ between the two ways.
+        differing = [key for key in MASK_DEPENDENT_KEYS if key in if_kept]
+        needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
         test = jax.vmap(self._cut_off_test)
 
         def check_one_chunk(gather, part, cut):
@@ -204,7 +205,13 @@ class BatchEnv:
 
         cut = over_chunks(needed, self.max_cut_off_checks, check_one_chunk,
                           jnp.zeros((self.num_envs,), bool))
-        return select_where(cut, if_cut, if_kept)
+        chosen = select_where(cut, {k: if_cut[k] for k in differing},
+                              {k: if_kept[k] for k in differing})
+        return dict(if_kept, **chosen)
+
+
+MASK_DEPENDENT_KEYS = ("action_mask", "refused_digs")
+"""The observation's keys the cut-off test's answer can change."""
 
 
 def over_chunks(selected: jax.Array, chunk: int, body, carry):

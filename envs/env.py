@@ -440,7 +440,8 @@ class ExcavationEnv:
                 workspace = self._workspace(agent, window, w_obstacles, sectors[0])
                 diggable = excavation.diggable(workspace, w_target, w_action)
                 refused_here = diggable & ~mask[A.DO] & (agent.loaded == 0)
-                refused = refused | geo.paste(jnp.zeros_like(refused), refused_here, window)
+                # Only the window can gain a refusal: O(W^2), not O(N^2).
+                refused = geo.paste(refused, geo.crop(refused, window) | refused_here, window)
             extra["refused_digs"] = refused
         agent_state = jnp.stack(
             [

@@ -13,7 +13,7 @@ import pytest
 
 from envs import EnvConfig, ExcavationEnv
 from envs import actions as A
-from envs.batch import BatchEnv, cut_off_test, default_cut_off_checks
+from envs.batch import MASK_DEPENDENT_KEYS, BatchEnv, cut_off_test, default_cut_off_checks
 from terra_rl.validation import small
 
 NUM_ENVS = 16
@@ -34,8 +34,10 @@ def env():
 def compare_along_a_rollout(env, chunk: int):
     """Per step of a random masked rollout of `BatchEnv.step` (whose observation is
     `observe`'s with its default chunk): whether `observe` with `chunk` envs a pass equals
-    the per-env observation, how many envs the flood fill ran for, and for how many of them
-    it found targets cut off."""
+    the per-env observation, how many envs the flood fill ran for, for how many of them it
+    found targets cut off, whether the two ways' observations differed only where `observe`
+    chooses between them (`MASK_DEPENDENT_KEYS`, the refusals only with the mask), and in
+    how many envs their refusals differed."""
     batch = BatchEnv(env, small.small_params(), NUM_ENVS, max_cut_off_checks=chunk)
 
     def run(key):
@@ -50,11 +52,17 @@ def compare_along_a_rollout(env, chunk: int):
             if_kept, if_cut, arguments = jax.vmap(env.observation_either_way)(state)
             needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
             cut = jax.vmap(env.targets_cut_off)(*arguments)
+            alike = jnp.all(jnp.stack([jnp.array_equal(if_kept[k], if_cut[k])
+                                       for k in if_kept if k not in MASK_DEPENDENT_KEYS]))
+            refusals_differ = jnp.any(
+                (if_kept["refused_digs"] != if_cut["refused_digs"]).reshape(NUM_ENVS, -1), axis=1)
+            alike &= jnp.all(needed | ~refusals_differ)
             key_action, key_step = jax.random.split(key)
             actions = jax.random.categorical(
                 key_action, jnp.where(obs["action_mask"], 0.0, -1e9)).astype(jnp.int32)
             obs, state, *_ = batch.step(key_step, state, actions)
-            return (obs, state), (same, jnp.sum(needed), jnp.sum(needed & cut))
+            return (obs, state), (same, jnp.sum(needed), jnp.sum(needed & cut), alike,
+                                    jnp.sum(refusals_differ))
 
         _, per_step = jax.lax.scan(body, (obs, state), jax.random.split(key, STEPS))
         return per_step
@@ -64,8 +72,9 @@ def compare_along_a_rollout(env, chunk: int):
 
 @pytest.mark.parametrize("chunk", [1, NUM_ENVS // 8])
 def test_the_compacted_observation_equals_the_per_env_one(env, chunk):
-    same, needed, cut = compare_along_a_rollout(env, chunk)
+    same, needed, cut, alike, refusals_differ = compare_along_a_rollout(env, chunk)
     assert same.all(), np.nonzero(~same)
+    assert alike.all() and refusals_differ.sum() > 0, np.nonzero(~alike)
     # The flood fill ran for some envs, never all; several envs a step take several passes.
     assert needed.sum() > 0 and (needed < NUM_ENVS).all()
     assert needed.max() > chunk
@@ -79,7 +88,7 @@ def test_a_batch_of_one_kind_tests_with_that_kinds_fill_alone(wheeled_fraction):
     env = rules_env(wheeled_fraction)
     batch = BatchEnv(env, small.small_params(), NUM_ENVS)
     assert batch._cut_off_test is not env.targets_cut_off
-    same, needed, _ = compare_along_a_rollout(env, NUM_ENVS // 8)
+    same, needed, *_ = compare_along_a_rollout(env, NUM_ENVS // 8)
     assert same.all(), np.nonzero(~same)
     assert needed.sum() > 0
 
