@@ -17,10 +17,9 @@ On a 2-core AMD EPYC CPU (2026-11-29) seeds 0-4 all pass, 13/13 at every evaluat
 of training and evaluation a seed after 17 s for the first (compiles included); at the
 suite's -O0 they passed too but took 13 s a seed. With 100 updates (the learning rate
 annealed over those, at -O0) only 3 of 5 passed, 8/13 and 10/13 on the others, so the test
-keeps 160. The seeds share one trainer: the seed enters the init and the
-eval as an argument (`Trainer.run_key`), so one compiled init, update and eval serve all
-three. The seeds run in order until the verdict is settled: the third trains only when one
-of the first two fails.
+keeps 160. The seeds share one trainer: the seed enters the init and the eval as an argument
+(`Trainer.run_key`), so one compiled init, update and eval serve all three. The seeds run in
+order until the verdict is settled: the third trains only when one of the first two fails.
 
 Measured earlier (docs/RESULTS.md), compass on, entropy coefficient 0.03, 4 epochs x 4
 minibatches, the learning rate annealed linearly to 0 at the last update, minibatches of

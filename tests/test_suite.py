@@ -38,7 +38,6 @@ def test_the_compile_flags_reach_this_process_and_the_ones_tests_start():
     assert "--xla_backend_optimization_level=0" not in kept and len(kept) == len(COMPILE_FLAGS)
 
 
-
 def test_as_training_compiles_undoes_each_compile_flag_that_changes_the_program():
     """The options tests/test_learning.py compiles training's programs with: every compile
     flag but the codegen split set back, and the program's own level kept."""
@@ -50,6 +49,7 @@ def test_as_training_compiles_undoes_each_compile_flag_that_changes_the_program(
     assert options["xla_backend_optimization_level"] == 2
     own_level = as_training_compiles({"xla_backend_optimization_level": 1})
     assert own_level == {**options, "xla_backend_optimization_level": 1}
+
 
 def test_a_hanging_test_fails_at_its_timeout(tmp_path):
     (tmp_path / "test_hang.py").write_text(textwrap.dedent("""
