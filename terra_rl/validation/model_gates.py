@@ -22,7 +22,15 @@ from terra_rl.validation.gate import GateOptions, require
 
 def abstract_observations(env: ExcavationEnv, batch_size: int) -> dict:
     """Shapes and dtypes of a batch of `env`'s observations (traced, nothing computed)."""
-    size = env.config.map_size
+    return dict(_abstract_observations(env.config, batch_size))
+
+
+@functools.cache
+def _abstract_observations(config, batch_size: int) -> dict:
+    """`abstract_observations` once per env config: tracing a 64x64 env's reset takes
+    seconds, and presets share env configs (`solo_excavator` and `trench_excavator`)."""
+    env = ExcavationEnv(config)
+    size = config.map_size
     spec = jax.ShapeDtypeStruct
     grid = spec((1, size, size), jnp.int8)
     params = EnvParams(
