@@ -13,6 +13,12 @@ A target is reachable when it lies in the workspace ring of a reachable position
 of the 12 arm sectors; at every map size the ring starts beyond the footprint). The test is
 exact for the moves and errs on the side of reachable for the arm: it ignores whether the
 pose has dump space for the load.
+
+The factories are cached per config and return jitted functions. The env calls the fill
+from its reset, its step and its observation, and the trainer traces the init, the update
+and the eval in one process: each of those traces would otherwise trace the fill's few
+thousand shifts again. A jit traces them once per config and argument shapes and inlines
+the call when it compiles, so the programs are the same.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ def footprint_offsets(config: EnvConfig) -> tuple[tuple[tuple[int, int], ...], .
     )
 
 
+@functools.cache
 def ring_offsets(config: EnvConfig) -> tuple[tuple[int, int], ...]:
     """(row, col) offsets of the tiles some arm heading reaches (the 12 sectors' union)."""
     radius = math.ceil(config.workspace_radii[1])
@@ -200,6 +207,7 @@ def make_reachable_poses(config: EnvConfig, wheeled: bool | None = None):
     return lambda *args: unpack(reachable_packed(*args), config.map_size)
 
 
+@functools.cache
 def make_free_poses(config: EnvConfig):
     """`free_poses(action_map, obstacles) -> uint32 [12, N, words]` (packed): the base poses
     (heading, row, col) whose footprint lies inside the map on traversable tiles.
@@ -218,7 +226,7 @@ def make_free_poses(config: EnvConfig):
         return jnp.stack([functools.reduce(jnp.bitwise_and, [under[tile] for tile in footprint])
                           for footprint in footprints])
 
-    return free_poses
+    return jax.jit(free_poses)
 
 
 def _make_reachable_packed(config: EnvConfig, wheeled: bool | None):
@@ -265,6 +273,7 @@ def _make_reachable_packed(config: EnvConfig, wheeled: bool | None):
     return reachable
 
 
+@functools.cache
 def make_targets_cut_off(config: EnvConfig, wheeled: bool | None = None):
     """`cut_off(target_map, action_map, obstacles, pos, heading, is_wheeled) -> bool []`:
     True when an undug target (target -1, action 0) lies in the workspace ring of no position
@@ -280,7 +289,7 @@ def make_targets_cut_off(config: EnvConfig, wheeled: bool | None = None):
         undug = pack((target_map == -1) & (action_map == 0))
         return jnp.any((undug & ~covered) != 0)
 
-    return cut_off
+    return jax.jit(cut_off)
 
 
 def record_distance(planes: jax.Array, new: jax.Array, distance: jax.Array) -> jax.Array:
@@ -407,7 +416,7 @@ def make_move_search(config: EnvConfig, max_distance: int) -> MoveSearchFns:
         found = open_queries(search, queries, valid) & bits_at(search.reach, queries)
         return jnp.where(found, jnp.minimum(distance, max_distance), max_distance)
 
-    return MoveSearchFns(start, pending, extend, lookup)
+    return MoveSearchFns(*(jax.jit(part) for part in (start, pending, extend, lookup)))
 
 
 def make_move_distances(config: EnvConfig, max_distance: int):

@@ -405,6 +405,30 @@ def test_a_dilation_equals_the_or_of_its_shifts(size):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
+def test_the_fill_is_traced_once_per_config_for_every_program_that_calls_it(cut_off_env):
+    """Equal configs get the one jitted cut-off test (and free poses), whichever env or
+    batch asks: the reset, the step and the observation of each program that the trainer
+    traces in one process then share one trace of the fill. A wheeled-only or tracked-only
+    test is another function. The jit keeps the fill's values: the tests above and
+    tests/test_cut_off_checks.py compare them with the planner's and the per-env path."""
+    import dataclasses
+
+    config = cut_off_env.config
+    same = dataclasses.replace(config)
+    assert same is not config
+    assert reachability.make_targets_cut_off(config) is reachability.make_targets_cut_off(same)
+    assert ExcavationEnv(same).targets_cut_off is cut_off_env.targets_cut_off
+    assert reachability.make_free_poses(config) is reachability.make_free_poses(same)
+    one_kind = reachability.make_targets_cut_off(config, wheeled=True)
+    assert one_kind is not reachability.make_targets_cut_off(config)
+    assert one_kind is not reachability.make_targets_cut_off(config, wheeled=False)
+    smaller = reachability.make_targets_cut_off(dataclasses.replace(config, map_size=16))
+    assert smaller is not reachability.make_targets_cut_off(config)
+    # Inside the observation's program the fill is one call, not its shifts inlined.
+    jaxpr = str(jax.make_jaxpr(cut_off_env.observation)(build(cut_off_env)))
+    assert jaxpr.count("name=cut_off") >= 1
+
+
 @pytest.fixture(scope="module")
 def zone_first_env():
     """The default env with `mask_dump_outside_zones` (off by default)."""

@@ -120,7 +120,7 @@ def _ring_cover(tiles: jax.Array) -> jax.Array:
 def _ring_dilation(size: int):
     """The packed dilation by the arm ring seen from the tiles (`reachability.make_dilation`
     of the ring's offsets negated)."""
-    return reachability.make_dilation([(-dr, -dc) for dr, dc in ring_offsets(size)], size)
+    return jax.jit(reachability.make_dilation([(-dr, -dc) for dr, dc in ring_offsets(size)], size))
 
 
 def work_tiles(target: jax.Array, action: jax.Array, refused: jax.Array | None = None

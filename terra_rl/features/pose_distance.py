@@ -97,7 +97,7 @@ def _distances_for(map_size: int, wheeled_agents: bool):
         states, valid, is_wheeled = queries(map_size, agent_state, agent_type)
         return distances(action_map, obstacles, goal_positions, states, valid, is_wheeled)
 
-    return jax.vmap(one_env)
+    return jax.jit(jax.vmap(one_env))
 
 
 def pose_distances(obs: dict, in_reach: jax.Array | None = None,
