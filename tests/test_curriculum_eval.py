@@ -200,6 +200,6 @@ def test_do_nothing_is_masked_unless_configured_otherwise(batch16, params16):
     masked = np.asarray(jax.jit(jax.vmap(batch16.env.action_mask))(state))
     assert batch16.env.config.mask_do_nothing and not masked[:, A.DO_NOTHING].any()
     assert masked[:, A.CABIN_CLOCK].all()  # so no state has every action masked
-    allowed = np.asarray(waiting.action_mask(one))
+    allowed = np.asarray(jax.jit(waiting.action_mask)(one))
     assert allowed[A.DO_NOTHING]
     np.testing.assert_array_equal(allowed[: A.DO_NOTHING], masked[0, : A.DO_NOTHING])

@@ -355,13 +355,13 @@ def test_stored_derived_features_give_the_same_outputs(obs4):
     config = PolicyConfig(map_encoder="flat", compass=True, dig_distance=True,
                           egocentric_radius=2, **SMALL)
     model = ExcavationPolicy(config, NUM_ACTIONS)
-    derived = with_derived_features(model, obs4)
+    derived = jax.jit(functools.partial(with_derived_features, model))(obs4)
     added = {key: derived[key].shape for key in set(derived) - set(obs4)}
     size = obs4["target_map"].shape[-1]  # the flat encoder's input: stored on CPU, as here
     assert added == {"compass": (4, 240), "dig_distance": (4, 38),
                      "egocentric_view": (4, 5, 5, 4), "map_input": (4, size, size, 8)}
     assert all(derived[key].dtype == jnp.float32 for key in added)
-    variables = model.init(jax.random.PRNGKey(0), obs4)
+    variables = jax.jit(model.init)(jax.random.PRNGKey(0), obs4)
     apply = jax.jit(model.apply)
     logits, value = apply(variables, obs4)
     stored_logits, stored_value = apply(variables, derived)
@@ -373,7 +373,7 @@ def test_stored_derived_features_give_the_same_outputs(obs4):
     assert with_derived_features(GymnaxMLPPolicy(3), obs4["agent_state"]) is obs4["agent_state"]
     # A convolutional encoder's map input is recomputed in each pass, never stored.
     cnn = ExcavationPolicy(dataclasses.replace(config, map_encoder="atari"), NUM_ACTIONS)
-    assert "map_input" not in with_derived_features(cnn, obs4)
+    assert "map_input" not in jax.eval_shape(functools.partial(with_derived_features, cnn), obs4)
 
 
 @pytest.mark.parametrize(
@@ -440,21 +440,23 @@ def test_patch_convolutions_match_lax_convolutions(obs4, map_encoder):
             PolicyConfig(map_encoder=map_encoder, conv_as_matmul=matmul, **SMALL), NUM_ACTIONS)
     lax_model, patch_model = make(False), make(True)
     assert uses_convolutions(lax_model) and not uses_convolutions(patch_model)
-    params = lax_model.init(jax.random.PRNGKey(0), obs)
-    patch_params = patch_model.init(jax.random.PRNGKey(0), obs)
+    # Each model's init, outputs and gradient compile as one program: run op by op, their
+    # hundreds of small compiles took most of this test's time.
+    params = jax.jit(lax_model.init)(jax.random.PRNGKey(0), obs)
+    patch_params = jax.jit(patch_model.init)(jax.random.PRNGKey(0), obs)
     assert jax.tree.structure(params) == jax.tree.structure(patch_params)
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
                                                     jax.tree.leaves(patch_params), strict=True))
 
-    def loss(model, p):
-        logits, value = model.apply(p, obs)
-        return jnp.sum(jax.nn.log_softmax(logits)[:, 0]) + jnp.sum(value ** 2)
+    def outputs_and_gradient(model, p):
+        def loss(p):
+            logits, value = model.apply(p, obs)
+            return jnp.sum(jax.nn.log_softmax(logits)[:, 0]) + jnp.sum(value ** 2)
 
-    for a, b in zip(jax.tree.leaves((lax_model.apply(params, obs),
-                                     jax.grad(functools.partial(loss, lax_model))(params))),
-                    jax.tree.leaves((patch_model.apply(params, obs),
-                                     jax.grad(functools.partial(loss, patch_model))(params))),
-                    strict=True):
+        return jax.jit(lambda p: (model.apply(p, obs), jax.grad(loss)(p)))(p)
+
+    for a, b in zip(jax.tree.leaves(outputs_and_gradient(lax_model, params)),
+                    jax.tree.leaves(outputs_and_gradient(patch_model, params)), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
 
 

@@ -45,7 +45,7 @@ def walk(env16, params16):
     agent_types = jnp.repeat(jnp.array([A.TRACKED, A.WHEELED]), WALK_MAPS)
     map_indices = jnp.tile(jnp.arange(WALK_MAPS), 2)
     keys = jax.random.split(jax.random.PRNGKey(3), 2 * WALK_MAPS)
-    _, states = jax.vmap(env16.reset, in_axes=(0, None, 0, 0))(
+    _, states = jax.jit(jax.vmap(env16.reset, in_axes=(0, None, 0, 0)))(
         keys, params16, agent_types, map_indices)
     observe = jax.vmap(env16.observation)
 
@@ -189,8 +189,8 @@ def test_policy_with_pose_distance_adds_only_its_mlp():
     for enabled in (False, True):
         model = ExcavationPolicy(PolicyConfig("flat", 32, 32, compass=True,
                                               pose_distance=enabled), A.NUM_ACTIONS)
-        params[enabled] = model.init(jax.random.PRNGKey(0), obs)
-        logits, value = model.apply(params[enabled], obs)
+        params[enabled] = jax.jit(model.init)(jax.random.PRNGKey(0), obs)
+        logits, value = jax.jit(model.apply)(params[enabled], obs)
         assert logits.shape == (4, A.NUM_ACTIONS) and value.shape == (4,)
         assert np.isfinite(np.asarray(logits)).all() and np.isfinite(np.asarray(value)).all()
     encoders = {flag: params[flag]["params"]["encoder"] for flag in params}
