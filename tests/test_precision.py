@@ -72,6 +72,7 @@ def policy_for(precision: str, obs):
 @pytest.mark.parametrize("precision", HALF_PRECISIONS)
 def test_log_probs_entropy_ratio_match_float32(policy_batch, precision):
     params, obs, actions = policy_batch
+
     def outputs(name):  # compiled, as training runs it (op by op took longer to compile)
         policy = policy_for(name, obs)
         return jax.jit(lambda p, o: policy_outputs(policy, p, o, True))(params, obs)
