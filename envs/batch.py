@@ -32,6 +32,9 @@ from envs import reachability
 from envs.env import ExcavationEnv
 from envs.state import EnvParams, EnvState
 
+MASK_DEPENDENT_KEYS = ("action_mask", "refused_digs")
+"""The observation's keys the cut-off test's answer can change."""
+
 
 class BatchEnv:
     """`num_envs` environments; the first `round((1 - wheeled_fraction) * num_envs)` are
@@ -208,10 +211,6 @@ class BatchEnv:
         chosen = select_where(cut, {k: if_cut[k] for k in differing},
                               {k: if_kept[k] for k in differing})
         return dict(if_kept, **chosen)
-
-
-MASK_DEPENDENT_KEYS = ("action_mask", "refused_digs")
-"""The observation's keys the cut-off test's answer can change."""
 
 
 def over_chunks(selected: jax.Array, chunk: int, body, carry):

@@ -340,6 +340,7 @@ class MoveSearchFns(NamedTuple):
     `pending` is False."""
 
 
+@functools.cache
 def make_move_search(config: EnvConfig, max_distance: int) -> MoveSearchFns:
     """The search behind `make_move_distances`, in parts that a caller may keep between
     queries on unchanged maps (`terra_rl.features.reach_cache`): `start` on the maps,
