@@ -12,18 +12,29 @@
 #   OUT_DIR=out bash scripts/gpu_checks.sh speed [PRESET]                 (<= 5 minutes)
 #       The preset's own shape (default solo_excavator), cold cache: seconds to the first
 #       update and to the eval's compile, and steady env steps/s (scripts/benchmark_train.py).
+#   OUT_DIR=out bash scripts/gpu_checks.sh environment                    (<= 1 minute)
+#       The stack the other modes run on: the GPU, the Python chosen and its packages.
 #   OUT_DIR=out bash scripts/gpu_checks.sh profile                        (<= 9 minutes)
 #       The runtime preflight, the component profile of solo_excavator with a trace of 3
 #       updates and its top ops, and a benchmark at 4x the envs per device.
 #
-# Inputs: TERRA_VENV as in scripts/euler/env.sh; without one and without .venv, a virtualenv
-# over the machine's own Python packages (--system-site-packages: jax, flax, optax, orbax
-# preinstalled, no internet) is made under a temporary folder. BUDGET_S overrides the mode's
+# Inputs: TERRA_VENV as in scripts/euler/env.sh; without one and without .venv, python3's own
+# virtualenv where it is one and imports jax, else a virtualenv over the machine's own Python
+# packages (--system-site-packages: jax, flax, optax, orbax preinstalled, no internet) made
+# under a temporary folder. BUDGET_S overrides the mode's
 # wall-time budget. PLATFORM=cpu and SHAPE="--num_envs_per_device 8 --eval_episodes 8"
 # try the script on a CPU at a small shape.
 set -uo pipefail
-mode=${1:?usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | profile}
+usage="usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | profile | environment"
+mode=${1:?$usage}
 shift
+case $mode in
+train | speed | profile | environment) ;;
+*)
+    echo "gpu_checks.sh: error: unknown mode '$mode'; use train, speed, profile or environment" >&2
+    exit 2
+    ;;
+esac
 out=${OUT_DIR:?set OUT_DIR to the folder for the reports}
 platform=${PLATFORM:-gpu}
 read -r -a shape <<<"${SHAPE:-}"
@@ -31,9 +42,18 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT  # the reports are in OUT_DIR; the runs and the cache go
 if [[ -z ${TERRA_VENV:-} && ! -x .venv/bin/python ]]; then
-    python3 -m venv --without-pip --system-site-packages "$work/venv" || exit 1
-    export TERRA_VENV=$work/venv
+    # A python3 that is itself a virtualenv holding jax is used as it is: a virtualenv made
+    # over it with --system-site-packages would see the base interpreter's packages alone.
+    own=$(python3 -c 'import sys, jax; print(sys.prefix if sys.prefix != sys.base_prefix else "")' \
+        2>/dev/null)
+    if [[ -n $own ]]; then
+        export TERRA_VENV=$own
+    else
+        python3 -m venv --without-pip --system-site-packages "$work/venv" || exit 1
+        export TERRA_VENV=$work/venv
+    fi
 fi
 export TERRA_COMPILATION_CACHE_DIR=$work/xla-cache  # cold: nothing compiled before
 # shellcheck source=scripts/euler/env.sh
@@ -47,8 +67,8 @@ step() { echo; echo "=== $1 (t=$((SECONDS - start)) s, $(left) s left)"; }
 environment() {
     step "environment"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
-    "$py" -c "import sys, jax, flax, optax; print('python', sys.version.split()[0], 'jax', \
-jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+    "$py" -c "import sys, jax, flax, optax; print('python', sys.executable, sys.version.split()[0], \
+'jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 }
 cache=(--compilation_cache_dir "$TERRA_COMPILATION_CACHE_DIR")
 
@@ -128,9 +148,9 @@ profile)
     timeout $(($(left) - 5)) "$py" scripts/benchmark_train.py --config solo_excavator \
         --set num_devices=1 "${sets[@]}" --updates 10 --json "$out/benchmark_4x.json"
     ;;
-*)
-    echo "gpu_checks.sh: error: unknown mode '$mode'; use train, speed or profile" >&2
-    exit 2
+environment)
+    budget=${BUDGET_S:-60}
+    environment | tee "$out/environment.txt"
     ;;
 esac
 step "done"

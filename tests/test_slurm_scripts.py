@@ -502,3 +502,45 @@ def test_terra_resume_args_reach_the_resume_only(fakes):
     assert resume == [str(REPO / "train_mixed.py"), "--resume", run_dir,
                       "--compilation_cache_dir", fakes["TERRA_COMPILATION_CACHE_DIR"],
                       "--total_timesteps", "900000", "--log_eval_interval", "50"]
+
+
+def gpu_checks_copy(tmp_path: Path) -> tuple[Path, dict]:
+    """`scripts/gpu_checks.sh` in a repo without `.venv`, and an environment without
+    TERRA_VENV whose `python3` is this test's Python (a virtualenv that imports jax, as a
+    GPU image's own Python can be), run through a wrapper so that it keeps its prefix."""
+    repo = tmp_path / "repo"
+    for name in ("scripts/gpu_checks.sh", "scripts/euler/env.sh"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text((REPO / name).read_text())
+    bin_dir = tmp_path / "bin"
+    make_executable(bin_dir / "python3", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("TERRA_VENV", "VIRTUAL_ENV")}
+    env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT_DIR=str(tmp_path / "out"), PLATFORM="cpu")
+    return repo / "scripts" / "gpu_checks.sh", env
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the suite runs in a virtualenv")
+def test_gpu_checks_runs_on_python3s_own_virtualenv(tmp_path):
+    """Without TERRA_VENV or `.venv`, the GPU checks run on python3's own virtualenv where
+    it imports jax: a virtualenv made over it with --system-site-packages would see the base
+    interpreter's packages alone, without jax. `environment` reports the Python chosen."""
+    script, env = gpu_checks_copy(tmp_path)
+    result = subprocess.run(["bash", str(script), "environment"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = (tmp_path / "out" / "environment.txt").read_text()
+    import jax
+
+    assert f"python {Path(sys.prefix) / 'bin' / 'python'} " in report, report
+    assert f"jax {jax.__version__} " in report, report
+
+
+def test_gpu_checks_refuses_an_unknown_mode_before_making_anything(tmp_path):
+    script, env = gpu_checks_copy(tmp_path)
+    result = subprocess.run(["bash", str(script), "benchmark"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "gpu_checks.sh: error: unknown mode 'benchmark'; use train, speed, profile or "
+        "environment"]
+    assert not (tmp_path / "out").exists()
