@@ -10,7 +10,8 @@ centre, so no per-heading mask tables and no traced `jnp.roll` are needed.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,19 @@ def crop(layer: jax.Array, window: Window) -> jax.Array:
 def paste(layer: jax.Array, window_values: jax.Array, window: Window) -> jax.Array:
     """Writes `[W, W]` values back into the `[N, N]` layer."""
     return jax.lax.dynamic_update_slice(layer, window_values, (window.start[0], window.start[1]))
+
+
+def host_constant(table: Callable[[], Any]) -> Any:
+    """`table()`'s arrays as numpy, computed as one compiled program on the host's CPU, also
+    when called under a trace. A table built op by op (`jax.ensure_compile_time_eval`)
+    compiles each op as a program of its own: tens of compiles at start-up, each slower on a
+    GPU than the whole table. The CPU computes the same table on every platform."""
+    try:
+        device = jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without the CPU: the default device
+        device = None
+    with jax.default_device(device):  # compiled and run apart from any trace around it
+        return jax.tree.map(np.asarray, jax.jit(table).lower().compile()())
 
 
 def footprint_mask(config: EnvConfig, window: Window, heading: jax.Array) -> jax.Array:

@@ -59,12 +59,14 @@ def ring_offsets(config: EnvConfig) -> tuple[tuple[int, int], ...]:
     """(row, col) offsets of the tiles some arm heading reaches (the 12 sectors' union)."""
     radius = math.ceil(config.workspace_radii[1])
     cells = np.arange(-radius, radius + 1, dtype=np.float32)
-    with jax.ensure_compile_time_eval():  # constants, also when called under a trace
+
+    def sectors():
         window = geo.Window(
             jnp.zeros(2, jnp.int32), jnp.asarray(cells[:, None]), jnp.asarray(cells[None, :])
         )
-        sectors = np.asarray(geo.sector_masks(config, window, jnp.arange(H)))
-    return _offsets(sectors.any(axis=0), radius)
+        return geo.sector_masks(config, window, jnp.arange(H))
+
+    return _offsets(geo.host_constant(sectors).any(axis=0), radius)
 
 
 # Boolean maps are packed 32 columns to a uint32 word: a map [N, N] becomes [N, ceil(N / 32)]

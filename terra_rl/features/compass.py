@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.geometry import host_constant
+
 NUM_SECTORS = 12  # one per base heading (30 degrees)
 # Distance bin edges in tiles for 16x16 maps; larger maps scale them with the map size, as
 # the env scales its footprint and workspace (16x16 reach: 1.5..3 tiles).
@@ -68,11 +70,12 @@ def bins_from_offsets(rel_r: jax.Array, rel_c: jax.Array, heading: jax.Array,
 def _bins_table(map_size: int) -> np.ndarray:
     """int32 [12, 2N - 1, 2N - 1]: `bins_from_offsets` for every heading and every offset
     from -(N - 1) to N - 1, the agent at [h, N - 1, N - 1]."""
-    with jax.ensure_compile_time_eval():
+    def table():
         offsets = jnp.arange(1 - map_size, map_size, dtype=jnp.float32)
         headings = jnp.arange(NUM_SECTORS, dtype=jnp.int32)[:, None, None]
-        table = bins_from_offsets(offsets[:, None], offsets[None, :], headings, map_size)
-    return np.asarray(table)
+        return bins_from_offsets(offsets[:, None], offsets[None, :], headings, map_size)
+
+    return host_constant(table)
 
 
 def compass_bins(agent_state: jax.Array, map_size: int) -> jax.Array:
