@@ -103,8 +103,8 @@ def host_constant(table: Callable[[], Any]) -> Any:
     when called under a trace. A table built op by op (`jax.ensure_compile_time_eval`)
     compiles each op as a program of its own: tens of compiles at start-up, each slower on a
     GPU than the whole table. The CPU computes the same table on every platform."""
-    try:
-        device = jax.devices("cpu")[0]
+    try:  # this process's own CPU: under jax.distributed, `jax.devices` lists every process's
+        device = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without the CPU: the default device
         device = None
     with jax.default_device(device):  # compiled and run apart from any trace around it

@@ -21,9 +21,8 @@
 # Inputs: TERRA_VENV as in scripts/euler/env.sh; without one and without .venv, python3's own
 # virtualenv where it is one and imports jax, else a virtualenv over the machine's own Python
 # packages (--system-site-packages: jax, flax, optax, orbax preinstalled, no internet) made
-# under a temporary folder. BUDGET_S overrides the mode's
-# wall-time budget. PLATFORM=cpu and SHAPE="--num_envs_per_device 8 --eval_episodes 8"
-# try the script on a CPU at a small shape.
+# under a temporary folder. BUDGET_S overrides the mode's wall-time budget. PLATFORM=cpu and
+# SHAPE="--num_envs_per_device 8 --eval_episodes 8" try the script on a CPU at a small shape.
 set -uo pipefail
 usage="usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | profile | environment"
 mode=${1:?$usage}
