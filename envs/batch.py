@@ -201,10 +201,9 @@ class BatchEnv:
         # digs follow the mask's DO), and only its keys differ between the two ways.
         differing = [key for key in MASK_DEPENDENT_KEYS if key in if_kept]
         needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
-        test = jax.vmap(self._cut_off_test)
-
         def check_one_chunk(gather, part, cut):
-            return cut.at[part].set(test(*(x[gather] for x in arguments)), mode="drop")
+            answers = self._cut_off_test(*(x[gather] for x in arguments))
+            return cut.at[part].set(answers, mode="drop")
 
         cut = over_chunks(needed, self.max_cut_off_checks, check_one_chunk,
                           jnp.zeros((self.num_envs,), bool))
@@ -243,17 +242,16 @@ def default_cut_off_checks(num_envs: int, backend: str) -> int:
 
 
 def cut_off_test(env: ExcavationEnv, agent_types: np.ndarray):
-    """The cut-off test `BatchEnv.observe` runs (`envs.reachability.make_targets_cut_off`'s
-    signature), None where `env` has none. A test that drives one kind's moves alone does a
-    third of the shifts of one that drives both and selects (`env.targets_cut_off`), so a
-    batch of one kind gets that kind's test. A mixed batch keeps the test for both: one loop
-    per kind took 15% longer at 64 envs x 64x64 on a CPU, a pass each where one does."""
+    """The cut-off test `BatchEnv.observe` runs on a chunk of envs
+    (`envs.reachability.make_batch_cut_off`), None where `env` has none. A test that drives
+    one kind's moves alone does a third of the shifts of one that drives both and selects,
+    so a batch of one kind gets that kind's test. A mixed batch keeps the test for both: one
+    loop per kind took 15% longer at 64 envs x 64x64 on a CPU, a pass each where one does."""
     if not env.checks_cut_off:
         return None
     kinds = {bool(t == A.WHEELED) for t in agent_types}
-    if len(kinds) > 1:
-        return env.targets_cut_off
-    return reachability.make_targets_cut_off(env.config, wheeled=kinds.pop())
+    wheeled = kinds.pop() if len(kinds) == 1 else None
+    return reachability.make_batch_cut_off(env.config, wheeled=wheeled)
 
 
 def select_where(mask: jax.Array, on_true, on_false):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs import EnvConfig, ExcavationEnv
+from envs import EnvConfig, ExcavationEnv, reachability
 from envs import actions as A
 from envs.batch import MASK_DEPENDENT_KEYS, BatchEnv, cut_off_test, default_cut_off_checks
 from terra_rl.validation import small
@@ -87,15 +87,19 @@ def test_a_batch_of_one_kind_tests_with_that_kinds_fill_alone(wheeled_fraction):
     moves alone (`cut_off_test`), to the per-env observation's answer bit for bit."""
     env = rules_env(wheeled_fraction)
     batch = BatchEnv(env, small.small_params(), NUM_ENVS)
-    assert batch._cut_off_test is not env.targets_cut_off
+    kind = wheeled_fraction == 1.0
+    assert batch._cut_off_test is reachability.make_batch_cut_off(env.config, wheeled=kind)
     same, needed, *_ = compare_along_a_rollout(env, NUM_ENVS // 8)
     assert same.all(), np.nonzero(~same)
     assert needed.sum() > 0
 
 
 def test_the_cut_off_test_drives_one_kind_only_in_a_batch_of_that_kind(env):
-    assert cut_off_test(env, np.array([A.TRACKED, A.WHEELED])) is env.targets_cut_off
-    assert cut_off_test(env, np.array([A.TRACKED] * 3)) is not env.targets_cut_off
+    both = reachability.make_batch_cut_off(env.config)
+    assert cut_off_test(env, np.array([A.TRACKED, A.WHEELED])) is both
+    tracked = cut_off_test(env, np.array([A.TRACKED] * 3))
+    assert tracked is reachability.make_batch_cut_off(env.config, wheeled=False)
+    assert tracked is not both
     no_rule = ExcavationEnv(EnvConfig(map_size=16))
     assert cut_off_test(no_rule, np.array([A.TRACKED])) is None
 

@@ -333,6 +333,54 @@ def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
 
 
 @pytest.mark.parametrize("size", [16, 64])
+def test_a_batch_of_fills_gives_each_env_its_own_answer(size):
+    """`make_batch_cut_off` sweeps a batch together until none of its fills grows: each
+    env's answer and reachable poses equal its fill alone (a batch of one), in a batch whose
+    fills converge after different numbers of sweeps (agents walled into a small pen, open
+    maps, targets behind a wall), both kinds mixed and each kind alone."""
+    config = EnvConfig(map_size=size)
+    rng = np.random.default_rng(size)
+    batch = 6
+    blocked = 0.1 * 16 / size  # the footprint grows with the map: sparser blocks
+    obstacles = (rng.random((batch, size, size)) < blocked / 2).astype(np.int8)
+    action_map = np.where(rng.random((batch, size, size)) < blocked / 2,
+                          rng.choice(np.array([-1, 2], np.int8), (batch, size, size)),
+                          0).astype(np.int8)
+    target = np.where(rng.random((batch, size, size)) < 0.02, -1, 0).astype(np.int8)
+    centre = size // 2
+    pos = np.full((batch, 2), centre, np.int32)
+    heading = np.arange(batch, dtype=np.int32) * 2
+    wheeled = np.arange(batch) % 2 == 1
+    for env in range(batch):  # the agent's own footprint and its ring are free
+        near = slice(centre - size // 8, centre + size // 8 + 1)
+        obstacles[env, near, near] = 0
+        action_map[env, near, near] = 0
+    pen = slice(centre - size // 4, centre + size // 4 + 1)
+    for env in (0, 1):  # a pen: a few sweeps fill it
+        obstacles[env, pen, pen.start] = obstacles[env, pen, pen.stop - 1] = 1
+        obstacles[env, pen.start, pen] = obstacles[env, pen.stop - 1, pen] = 1
+    target[3:] = 0  # open maps, one target in reach from the start
+    target[3:, centre, centre + size // 8] = -1
+    wall = size * 5 // 16  # a target in a corner, walled off beyond the arm's reach
+    target[2, 1, 1] = -1
+    obstacles[2, :wall + 1, wall] = obstacles[2, wall, :wall + 1] = 1
+    args = tuple(jnp.asarray(x) for x in (target, action_map, obstacles, pos, heading, wheeled))
+    for kind in (None, False, True):
+        together = np.asarray(reachability.make_batch_cut_off(config, kind)(*args))
+        alone = reachability.make_targets_cut_off(config, kind)
+        reach_alone = jax.jit(reachability.make_reachable_poses(config, kind))
+        reach_together = np.asarray(reachability.unpack(
+            reachability._make_reachable_packed(config, kind)(*args[1:]), size))
+        for env in range(batch):
+            one = tuple(x[env] for x in args)
+            assert together[env] == bool(alone(*one)), (kind, env)
+            np.testing.assert_array_equal(reach_together[env], reach_alone(*one[1:]))
+        assert together[:3].all() and not together[3:].any()  # walled in, walled off; open
+        counts = reach_together.sum(axis=(1, 2, 3))
+        assert counts[0] * 2 < counts[3:].min()  # the pen's fill converged long before
+
+
+@pytest.mark.parametrize("size", [16, 64])
 def test_free_poses_equal_the_planners(size):
     """The packed free poses (`make_free_poses`, one word a row at 16x16, two at 64x64)
     equal the solver's footprint test (numpy) on random maps with obstacles, holes, and
@@ -365,6 +413,13 @@ def test_packed_shifts_equal_boolean_shifts(size):
     rng = np.random.default_rng(size)
     x = rng.random((2, size, size)) < 0.4
     assert (np.asarray(unpack(pack(jnp.asarray(x)), size)) == x).all()
+    # The layout: words [..., ceil(N / 32), N], tile (r, c) at bit c % 32 of word [c // 32, r].
+    one = np.zeros((size, size), bool)
+    one[size - 2, size - 1] = True
+    packed = np.asarray(pack(jnp.asarray(one)))
+    assert packed.shape == (-(-size // 32), size) and packed.dtype == np.uint32
+    assert packed[(size - 1) // 32, size - 2] == 1 << ((size - 1) % 32)
+    assert np.count_nonzero(packed) == 1
     offsets = [(0, 0), (1, 0), (-2, 0), (0, 1), (0, -1), (3, -5), (-9, 10), (10, 9), (1, 0)]
     expected = np.zeros((2, len(offsets), size, size), bool)
     for i, (dr, dc) in enumerate(offsets):

@@ -39,15 +39,19 @@ def compass_layers(obs: dict) -> jax.Array:
     soil: dumped soil (on the map, to pick up or leave). blocked: obstacles and any tile
     dug or dumped on (the footprint cannot cross them).
     """
+    return jnp.stack(_layer_masks(obs), axis=-1).astype(jnp.float32)
+
+
+def _layer_masks(obs: dict) -> tuple[jax.Array, ...]:
+    """bool [..., N, N] per layer of `LAYERS`, in its order (`compass_layers`)."""
     target, action = obs["target_map"], obs["action_map"]
     untouched = action == 0
-    layers = (
+    return (
         (target == -1) & untouched,
         (obs["dumpability"] == 1) & untouched & (target != -1),
         action > 0,
         (obs["obstacles"] == 1) | ~untouched,
     )
-    return jnp.stack(layers, axis=-1).astype(jnp.float32)
 
 
 def bins_from_offsets(rel_r: jax.Array, rel_c: jax.Array, heading: jax.Array,
@@ -99,17 +103,28 @@ def compass_bins(agent_state: jax.Array, map_size: int) -> jax.Array:
 
 def compass(obs: dict) -> jax.Array:
     """float32 [..., NUM_FEATURES]: log1p of the tile count of each layer per sector and
-    distance bin, ordered (sector, distance bin, layer). Any leading batch dims."""
-    layers = compass_layers(obs)
-    map_size = layers.shape[-2]
-    batch_shape = layers.shape[:-3]
+    distance bin, ordered (sector, distance bin, layer). Any leading batch dims.
+
+    Each tile's layers make one code (bit l: layer l), so the counting is one scatter-add of
+    a 1 per tile into segments (env, bin, code), memory O(B * N * N); each layer then sums
+    the codes that hold it. A scatter-add of each tile's four layers into (env, bin) took
+    1.7x as long (64 envs x 64x64, XLA:CPU). The counts are integers either way: the same
+    float32 bits."""
+    masks = _layer_masks(obs)
+    map_size = masks[0].shape[-1]
+    batch_shape = masks[0].shape[:-2]
+    codes = functools.reduce(
+        jnp.bitwise_or, [mask.astype(jnp.int32) << layer for layer, mask in enumerate(masks)])
     bins = compass_bins(obs["agent_state"], map_size)
     num_bins = NUM_SECTORS * NUM_DISTANCE_BINS
+    num_codes = 1 << len(LAYERS)
     batch = int(np.prod(batch_shape, dtype=np.int64))
-    # One segment per (env, bin): a scatter-add, so memory stays O(B * N * N) at 64x64.
-    env_offset = (jnp.arange(batch, dtype=jnp.int32) * num_bins)[:, None]
-    segments = (bins.reshape(batch, -1) + env_offset).reshape(-1)
-    counts = jax.ops.segment_sum(
-        layers.reshape(-1, len(LAYERS)), segments, num_segments=batch * num_bins
-    )
-    return jnp.log1p(counts).reshape(*batch_shape, NUM_FEATURES)
+    env_offset = (jnp.arange(batch, dtype=jnp.int32) * (num_bins * num_codes))[:, None]
+    segments = ((bins * num_codes + codes).reshape(batch, -1) + env_offset).reshape(-1)
+    tiles = jax.ops.segment_sum(jnp.ones_like(segments), segments,
+                                num_segments=batch * num_bins * num_codes)
+    tiles = tiles.reshape(batch, num_bins, num_codes)
+    holds = (np.arange(num_codes)[:, None] >> np.arange(len(LAYERS))[None, :]) & 1 == 1
+    counts = jnp.stack([jnp.sum(jnp.where(holds[:, layer], tiles, 0), axis=-1)
+                        for layer in range(len(LAYERS))], axis=-1)
+    return jnp.log1p(counts.astype(jnp.float32)).reshape(*batch_shape, NUM_FEATURES)

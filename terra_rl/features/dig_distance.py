@@ -214,14 +214,14 @@ def _search(free, goals, rows, cols, on_map):
 
 class TileSearch(NamedTuple):
     """The field's breadth-first search from the goal tiles, as far as it has swept
-    (`tile_search`). Packed maps [N, words] (`envs.reachability.pack`)."""
+    (`tile_search`). Packed maps [words, N] (`envs.reachability.pack`)."""
 
     free: jax.Array
-    """uint32 [N, words]: the free tiles (`free_tiles`)."""
+    """uint32 [words, N]: the free tiles (`free_tiles`)."""
     reach: jax.Array
-    """uint32 [N, words]: the tiles reached within `sweeps` steps."""
+    """uint32 [words, N]: the tiles reached within `sweeps` steps."""
     planes: jax.Array
-    """uint32 [P, N, words]: bit p of each reached tile's distance."""
+    """uint32 [P, words, N]: bit p of each reached tile's distance."""
     sweeps: jax.Array
     """int32 []: the sweeps done."""
     grew: jax.Array
@@ -256,7 +256,7 @@ def tile_search(map_size: int) -> TileSearchFns:
     def bits_at(maps, rows, cols):
         word = cols // reachability.WORD
         bit = (cols % reachability.WORD).astype(jnp.uint32)
-        return ((maps[..., rows, word] >> bit) & 1) == 1
+        return ((maps[..., word, rows] >> bit) & 1) == 1
 
     def open_queries(search, rows, cols, on_map):
         return on_map & bits_at(search.free, rows, cols)
