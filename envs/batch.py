@@ -201,6 +201,7 @@ class BatchEnv:
         # digs follow the mask's DO), and only its keys differ between the two ways.
         differing = [key for key in MASK_DEPENDENT_KEYS if key in if_kept]
         needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
+
         def check_one_chunk(gather, part, cut):
             answers = self._cut_off_test(*(x[gather] for x in arguments))
             return cut.at[part].set(answers, mode="drop")
