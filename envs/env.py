@@ -350,19 +350,30 @@ class ExcavationEnv:
 
         Returns (obs if no target is cut off, obs if one is, cut-off arguments): the
         observation is the first where `envs.reachability.make_targets_cut_off`'s test, run
-        on the arguments (target, action and obstacles maps int8 [N, N], pos int32 [2],
-        heading int32 [], is_wheeled bool []), is False, the second where it is True."""
+        on the arguments (`cut_off_arguments`), is False, the second where it is True."""
+        layers = self._window_layers(state)
+        if_kept, arguments = self._observe_recording_cut_off(state, layers)
+        if_cut = self._observe(state, *layers, targets_cut_off=lambda *_: jnp.ones((), bool))
+        return if_kept, if_cut, arguments
+
+    def cut_off_arguments(self, state: EnvState):
+        """The arguments `state`'s observation passes the cut-off test: the target, action
+        and obstacles maps int8 [N, N] with what DO would do pasted into the action map,
+        pos int32 [2], heading int32 [], is_wheeled bool []. Of the observation's work, a
+        compiled program keeps only what builds them (needs `checks_cut_off`)."""
+        return self._observe_recording_cut_off(state, self._window_layers(state))[1]
+
+    def _observe_recording_cut_off(self, state: EnvState, layers):
+        """(the observation where no target is cut off, the cut-off test's arguments)."""
         recorded = []
 
         def record(*args):
             recorded.append(args)
             return jnp.zeros((), bool)
 
-        layers = self._window_layers(state)
-        if_kept = self._observe(state, *layers, targets_cut_off=record)
-        if_cut = self._observe(state, *layers, targets_cut_off=lambda *_: jnp.ones((), bool))
+        obs = self._observe(state, *layers, targets_cut_off=record)
         (arguments,) = recorded
-        return if_kept, if_cut, arguments
+        return obs, arguments
 
     def remember_refusals(self, state: EnvState, obs: dict) -> EnvState:
         """`state` with the digs its observation's action mask refused

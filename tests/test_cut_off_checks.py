@@ -34,7 +34,8 @@ def env():
 def compare_along_a_rollout(env, chunk: int):
     """Per step of a random masked rollout of `BatchEnv.step` (whose observation is
     `observe`'s with its default chunk): whether `observe` with `chunk` envs a pass equals
-    the per-env observation, how many envs the flood fill ran for, for how many of them it
+    the per-env observation (and the cut-off arguments it builds for a chunk equal the
+    observation's), how many envs the flood fill ran for, for how many of them it
     found targets cut off, whether the two ways' observations differed only where `observe`
     chooses between them (`MASK_DEPENDENT_KEYS`, the refusals only with the mask), and in
     how many envs their refusals differed."""
@@ -52,6 +53,9 @@ def compare_along_a_rollout(env, chunk: int):
             if_kept, if_cut, arguments = jax.vmap(env.observation_either_way)(state)
             needed = jnp.any(if_kept["action_mask"] != if_cut["action_mask"], axis=1)
             cut = jax.vmap(env.targets_cut_off)(*arguments)
+            # What `observe` builds for a chunk: the same arguments from the state alone.
+            same &= jnp.all(jnp.stack([jnp.array_equal(a, b) for a, b in zip(
+                jax.vmap(env.cut_off_arguments)(state), arguments, strict=True)]))
             alike = jnp.all(jnp.stack([jnp.array_equal(if_kept[k], if_cut[k])
                                        for k in if_kept if k not in MASK_DEPENDENT_KEYS]))
             refusals_differ = jnp.any(

@@ -332,6 +332,20 @@ def test_reachable_poses_equal_the_planners_pose_graph(agent_type):
     assert checked >= 3
 
 
+def reference_cut_off(config, target, action_map, reachable_poses):
+    """bool [B]: an undug target (target -1, action 0; int8 [B, N, N]) lies in the arm ring
+    of no position of `reachable_poses` (bool [B, 12, N, N], a fill run to convergence):
+    the cut-off test's answer, by numpy shifts of boolean maps, one per ring offset."""
+    n = config.map_size
+    positions = np.asarray(reachable_poses).any(axis=1)
+    padded = np.pad(positions, [(0, 0), (n, n), (n, n)])
+    covered = np.zeros_like(positions)
+    for dr, dc in reachability.ring_offsets(config):
+        covered |= padded[:, n - dr:2 * n - dr, n - dc:2 * n - dc]
+    undug = (np.asarray(target) == -1) & (np.asarray(action_map) == 0)
+    return (undug & ~covered).any(axis=(1, 2))
+
+
 @pytest.mark.parametrize("size", [16, 64])
 def test_a_batch_of_fills_gives_each_env_its_own_answer(size):
     """`make_batch_cut_off` sweeps a batch together until none of its fills grows: each
@@ -376,8 +390,67 @@ def test_a_batch_of_fills_gives_each_env_its_own_answer(size):
             assert together[env] == bool(alone(*one)), (kind, env)
             np.testing.assert_array_equal(reach_together[env], reach_alone(*one[1:]))
         assert together[:3].all() and not together[3:].any()  # walled in, walled off; open
+        np.testing.assert_array_equal(together, reference_cut_off(config, target, action_map,
+                                                                  reach_together))
         counts = reach_together.sum(axis=(1, 2, 3))
         assert counts[0] * 2 < counts[3:].min()  # the pen's fill converged long before
+
+
+@pytest.mark.parametrize("size", [16, 64])
+def test_a_fill_stops_once_every_env_is_settled_and_not_before(size):
+    """`settled` ends the sweeps early only when it holds for every env of the batch: never
+    settled, the fill converges to the full reachable poses; settled from the start, it
+    stops at the first test with a part of them; settled for some envs, the others still
+    converge. The cut-off test's early stop (its targets all covered by a cross of the ring
+    before the fill converged) keeps the answers of the fill run to convergence: on random
+    maps with the targets spread at random, and on two where the agent cannot move: one
+    target in its ring on a diagonal (not settled by the cross, covered by the ring) and
+    one beyond it."""
+    config = EnvConfig(map_size=size)
+    rng = np.random.default_rng(size + 1)
+    batch = 6
+    obstacles = (rng.random((batch, size, size)) < 0.05 * 16 / size).astype(np.int8)
+    action_map = np.zeros((batch, size, size), np.int8)
+    target = np.where(rng.random((batch, size, size)) < 0.05, -1, 0).astype(np.int8)
+    centre, near = size // 2, slice(size // 2 - size // 8, size // 2 + size // 8 + 1)
+    obstacles[:, near, near] = 0
+    wall = size * 5 // 16  # env 3: the corner behind a wall, beyond the arm's reach
+    target[3, 1, 1] = -1
+    obstacles[3, :wall + 1, wall] = obstacles[3, wall, :wall + 1] = 1
+    # Envs 4 and 5 cannot move (obstacles all round the footprint) and have one target: in
+    # the ring on a diagonal, which the cross misses (the fill converges, then the ring
+    # covers it), or beyond the ring.
+    obstacles[4:] = 1
+    for dr, dc in set().union(*reachability.footprint_offsets(config)):
+        obstacles[4:, centre + dr, centre + dc] = 0
+    target[4:] = 0
+    dr, dc = next((dr, dc) for dr, dc in reachability.ring_offsets(config) if dr and dc)
+    target[4, centre + dr, centre + dc] = -1
+    target[5, 0, 0] = -1
+    obstacles[4:][target[4:] == -1] = 0
+    pos = np.full((batch, 2), centre, np.int32)
+    heading = np.arange(batch, dtype=np.int32) * 5 % 12
+    wheeled = np.arange(batch) % 2 == 1
+    args = tuple(jnp.asarray(x) for x in (target, action_map, obstacles, pos, heading, wheeled))
+    fill = reachability._make_reachable_packed(config, None)
+    full = np.asarray(fill(*args[1:]))
+    never, done = fill(*args[1:], settled=lambda reach: jnp.zeros(reach.shape[:1], bool))
+    np.testing.assert_array_equal(np.asarray(never), full)
+    assert not np.asarray(done).any()
+    first, done = fill(*args[1:], settled=lambda reach: jnp.ones(reach.shape[:1], bool))
+    first = np.asarray(first)
+    assert np.asarray(done).all()
+    assert (first & ~full == 0).all() and (first != full).any()  # a part: stopped early
+    some = jnp.arange(batch) < 2
+    partly, done = fill(*args[1:], settled=lambda reach: some)
+    np.testing.assert_array_equal(np.asarray(partly), full)  # the unsettled ran on
+    np.testing.assert_array_equal(np.asarray(done), np.asarray(some))
+
+    answers = np.asarray(reachability.make_batch_cut_off(config)(*args))
+    expected = reference_cut_off(config, target, action_map,
+                                 reachability.unpack(jnp.asarray(full), size))
+    np.testing.assert_array_equal(answers, expected)
+    assert expected[3] and expected[5] and not expected[[0, 1, 2, 4]].any()
 
 
 @pytest.mark.parametrize("size", [16, 64])
