@@ -130,10 +130,10 @@ def test_a_dig_the_fill_forbids_is_masked_in_the_compacted_observation(agent_typ
     assert np.asarray(if_kept["action_mask"][:, A.DO]).all()  # DO was possible: the fill said no
 
 
-def test_the_default_chunk_is_an_eighth_of_the_batch_on_a_cpu_and_half_elsewhere(env):
-    assert [default_cut_off_checks(n, "cpu") for n in (1, 16, 64, 65)] == [1, 2, 8, 9]
+def test_the_default_chunk_is_a_sixteenth_of_the_batch_on_a_cpu_and_half_elsewhere(env):
+    assert [default_cut_off_checks(n, "cpu") for n in (1, 16, 64, 65)] == [1, 1, 4, 5]
     assert [default_cut_off_checks(n, "gpu") for n in (1, 16, 1024)] == [1, 8, 512]
-    assert BatchEnv(env, small.small_params(), 64).max_cut_off_checks == 8  # the suite: CPU
+    assert BatchEnv(env, small.small_params(), 64).max_cut_off_checks == 4  # the suite: CPU
 
 
 def test_a_chunk_below_one_is_refused(env):
