@@ -6,6 +6,8 @@ the trainer's pmapped update on `num_devices`):
 
     env_step            `num_steps` batched env steps with random actions (no policy),
                         observations and action mask included
+    env_step_without_rules  the same with the action mask and the refused-dig memory off
+                        (only where the config has either), in the same rounds
     policy_forward      `num_steps` policy forward passes on a batch of observations,
                         with the parameter-free features the rollout computes (compass,
                         dig and pose distances), the rollout's observation cache (the
@@ -42,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from terra_rl.adapters.train_env import make_train_envs
 from terra_rl.algo import ppo
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.algo.update import Batch, make_loss_and_grads, policy_outputs
@@ -96,21 +99,7 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
-    @jax.jit
-    def env_only(key, state):
-        def choose(_, obs, key) -> Choice:
-            key_action, key_env = jax.random.split(key)
-            return Choice(jax.random.randint(key_action, (envs,), 0, env.num_actions), key_env)
-
-        def record(_, step: Step):
-            # A sum of every observation, so XLA cannot drop the work that builds them
-            # (the action mask's rules among it), as nothing else reads them here.
-            obs = step.result.observation
-            checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
-            return None, step.result.reward.sum() + checksum
-
-        carry = RolloutCarry(state, obs, None)
-        return rollout(env, env_params, choose, record, carry, jax.random.split(key, steps))
+    env_only = _make_env_only(env, steps)
 
     # What the rollout keeps from step to step for the policy's inputs (the distances'
     # goals), refreshed along the stored observations as the rollout does.
@@ -192,8 +181,10 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 
     key = jax.random.PRNGKey(3)
     minibatch_steps = config.update_epochs * config.num_minibatches
-    timed = {
-        "env_step": (lambda: env_only(key, env_state), 1),
+    timed = {"env_step": (lambda: env_only(key, env_state, obs, env_params), 1)}
+    if config.use_action_mask or config.remember_refused_digs:
+        timed |= _env_step_without_rules(config, steps, key)
+    timed |= {
         "policy_forward": (lambda: forward_only(params, observations), 1),
         "derived_inputs": (lambda: derived_only(observations), 1),
         "network": (lambda: forward_only(params, observations_with_features), 1),
@@ -221,6 +212,43 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 _DISPATCHES = ("full_update", "logged_dispatch")
 
 
+def _make_env_only(env, steps: int):
+    """Jitted `(key, state, obs, env_params) -> sum`: `steps` batched steps of `env` with
+    random actions, every observation summed."""
+    envs = env.num_envs
+
+    @jax.jit
+    def env_only(key, state, obs, env_params):
+        def choose(_, obs, key) -> Choice:
+            key_action, key_env = jax.random.split(key)
+            return Choice(jax.random.randint(key_action, (envs,), 0, env.num_actions), key_env)
+
+        def record(_, step: Step):
+            # A sum of every observation, so XLA cannot drop the work that builds them
+            # (the action mask's rules among it), as nothing else reads them here.
+            obs = step.result.observation
+            checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
+            return None, step.result.reward.sum() + checksum
+
+        carry = RolloutCarry(state, obs, None)
+        return rollout(env, env_params, choose, record, carry, jax.random.split(key, steps))
+
+    return env_only
+
+
+def _env_step_without_rules(config: TrainConfig, steps: int, key: jax.Array
+                            ) -> dict[str, tuple[Callable[[], Any], int]]:
+    """The section `env_step_without_rules`: `env_step` with the action mask and the
+    refused-dig memory off (`--disable_action_mask --disable_remember_refused_digs`), the
+    same maps and excavators, timed in the same rounds as `env_step`, so that their ratio
+    sees one drift of the machine."""
+    plain = dataclasses.replace(config, use_action_mask=False, remember_refused_digs=False)
+    env, _ = make_train_envs(plain)
+    obs, state = jax.jit(lambda key: env.reset(key, env.params))(jax.random.PRNGKey(1))
+    env_only = _make_env_only(env, steps)
+    return {"env_step_without_rules": (lambda: env_only(key, state, obs, env.params), 1)}
+
+
 def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any], int]]:
     """The trainer's compiled update as the trainer dispatches it, `updates_per_dispatch` at a
     time: alone ("full_update"), and with the host transfer of the dispatch's metrics, what
@@ -240,13 +268,17 @@ def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any]
 
 def format_table(sections: list[Section]) -> str:
     env_rate = next(s.steps_per_second for s in sections if s.name == "env_step")
-    lines = [f"{'section':<20} {'s/call':>10} {'calls':>6} {'s/update':>10} "
+    lines = [f"{'section':<24} {'s/call':>10} {'calls':>6} {'s/update':>10} "
              f"{'env steps/s':>12} {'vs env':>7}"]
     for s in sections:
-        row = f"{s.name:<20} {s.seconds:10.5f} {s.calls_per_update:6d} {s.seconds_per_update:10.5f}"
+        row = f"{s.name:<24} {s.seconds:10.5f} {s.calls_per_update:6d} {s.seconds_per_update:10.5f}"
         if s.name != "host_overhead":  # an extra cost of logged updates, not a path's rate
             row += f" {s.steps_per_second:12,.0f} {s.steps_per_second / env_rate:7.1%}"
         lines.append(row)
+    without = [s for s in sections if s.name == "env_step_without_rules"]
+    if without:
+        ratio = without[0].steps_per_second / env_rate
+        lines.append(f"env step with the rules / without: {ratio:.2f}x")
     return "\n".join(lines)
 
 
