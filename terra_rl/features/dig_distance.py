@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs import reachability
+from envs import move_search, reachability
 from envs.config import EnvConfig
 
 NUM_DIRECTIONS = 12  # one per base heading (30 degrees), direction 0 straight ahead
@@ -284,14 +284,14 @@ def tile_search(map_size: int) -> TileSearchFns:
         def sweep(search):
             grown = grow(search.reach, search.free)
             distance = search.sweeps + 1
-            planes = reachability.record_distance(search.planes, grown & ~search.reach,
+            planes = move_search.record_distance(search.planes, grown & ~search.reach,
                                                   distance)
             return TileSearch(search.free, grown, planes, distance, jnp.any(grown != search.reach))
 
         return jax.lax.while_loop(lambda s: pending(s, rows, cols, on_map), sweep, search)
 
     def lookup(search, rows, cols, on_map):
-        distance = reachability.planes_distance(bits_at(search.planes, rows, cols))
+        distance = move_search.planes_distance(bits_at(search.planes, rows, cols))
         found = open_queries(search, rows, cols, on_map) & bits_at(search.reach, rows, cols)
         return jnp.where(found, distance, far)
 

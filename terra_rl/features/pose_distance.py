@@ -5,7 +5,7 @@ The dig-distance field (`terra_rl.features.dig_distance`) counts tile steps and 
 footprint and the heading. Where trained policies stalled on held-out maps the planner still
 finishes, it read 1-5 at the agent's tile in half of them while the planner's next dig was
 6-54 base actions away (docs/RESULTS.md). This counts the env's own base actions over the
-states (wheel angle, base heading, row, col) (`envs.reachability.make_move_distances`) to the
+states (wheel angle, base heading, row, col) (`envs.move_search.make_move_distances`) to the
 nearest state whose position has a work tile in the arm's ring
 (`terra_rl.features.dig_distance.work_tiles`: undug targets, or misplaced soil once every target is
 dug). The policy gets it from its own state and from the state after each of its four base
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 from envs import actions as A
 from envs import geometry as geo
-from envs import reachability
 from envs.config import EnvConfig
+from envs.move_search import MoveSearchFns, make_move_distances, make_move_search
 from terra_rl.features.dig_distance import distance_features, work_in_reach
 
 NUM_BASE_ACTIONS = 4  # FORWARD, BACKWARD, CLOCK or WHEELS_LEFT, ANTICLOCK or WHEELS_RIGHT
@@ -72,11 +72,10 @@ def search_config(map_size: int, wheeled_agents: bool) -> EnvConfig:
 
 
 @functools.cache
-def move_search(map_size: int, wheeled_agents: bool) -> reachability.MoveSearchFns:
-    """The search's parts (`envs.reachability.make_move_search`), for a caller that keeps
+def move_search(map_size: int, wheeled_agents: bool) -> MoveSearchFns:
+    """The search's parts (`envs.move_search.make_move_search`), for a caller that keeps
     the search between steps (`terra_rl.features.reach_cache`)."""
-    return reachability.make_move_search(search_config(map_size, wheeled_agents),
-                                         max_distance(map_size))
+    return make_move_search(search_config(map_size, wheeled_agents), max_distance(map_size))
 
 
 def queries(map_size: int, agent_state: jax.Array, agent_type: jax.Array):
@@ -90,8 +89,8 @@ def queries(map_size: int, agent_state: jax.Array, agent_type: jax.Array):
 
 @functools.cache
 def _distances_for(map_size: int, wheeled_agents: bool):
-    distances = reachability.make_move_distances(search_config(map_size, wheeled_agents),
-                                                 max_distance(map_size))
+    distances = make_move_distances(search_config(map_size, wheeled_agents),
+                                    max_distance(map_size))
 
     def one_env(action_map, obstacles, goal_positions, agent_state, agent_type):
         states, valid, is_wheeled = queries(map_size, agent_state, agent_type)

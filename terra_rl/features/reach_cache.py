@@ -10,7 +10,7 @@ At 64x64 the two were three quarters of the policy's parameter-free inputs
   on a DO that digs or dumps and on a reset: in about 1.5% of env steps under random
   actions at 64x64.
 - the pose distance's breadth-first search runs from the goal states until it reaches the
-  agent's state and the states after its base actions (`envs.reachability.make_move_search`).
+  agent's state and the states after its base actions (`envs.move_search.make_move_search`).
   On unchanged maps the search of the step before holds every state within its sweeps,
   with its distance in bit planes: the next step's queries, a base action away, are looked
   up, and the search sweeps on only for queries beyond it.
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.batch import over_chunks, select_where
-from envs.reachability import MoveSearch
+from envs.move_search import MoveSearch
 from terra_rl.features import dig_distance, pose_distance
 from terra_rl.features.dig_distance import TileSearch, work_in_reach
 
