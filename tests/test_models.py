@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from envs import actions as A
-from terra_rl.features.policy_inputs import map_channels, map_input, pool_tiles
+from terra_rl.features.global_maps import map_channels, map_input, pool_tiles
 from terra_rl.nets.models import (
     ExcavationPolicy,
     GymnaxCNNPolicy,
@@ -191,7 +191,7 @@ def test_map_pool_averages_blocks_of_tiles(obs4):
 
 @pytest.mark.parametrize("factor", [2, 4])
 def test_pooled_layers_equal_the_pooled_channels_bit_for_bit(obs4, factor):
-    """The map input pools each layer apart (`map_layers`): the same bits as pooling the
+    """The map input pools each layer apart (`pooled_map_layers`): the same bits as pooling the
     stacked channels with a mean over reshaped block axes, log1p layers included."""
     rng = np.random.default_rng(factor)
     obs = dict(obs4, action_map=jnp.asarray(rng.integers(-3, 4, obs4["action_map"].shape),

@@ -1,6 +1,7 @@
-"""The dig and pose distances' work kept through a rollout (`terra_rl.features.reach_cache`):
-at every step the goals equal `work_in_reach` of that step's observation, the pose
-distances `pose_distances` of it and the dig distances `field_at` of it, bit for bit, on
+"""The policy inputs' work kept through a rollout (`terra_rl.features.reach_cache`): at
+every step the goals equal `work_in_reach` of that step's observation, the pose distances
+`pose_distances` of it, the dig distances `field_at` of it and the pooled map layers
+`pooled_map_layers` of it, bit for bit, on
 random masked rollouts with resets, remembered refusals and both excavator types (and
 tracked only, with the search over their states), in one pass or many; only envs whose maps
 changed are recomputed and the kept searches are swept on, not redone; the policy reads what
@@ -18,6 +19,7 @@ from envs.batch import BatchEnv
 from terra_rl.adapters.train_env import ExcavationTrainEnv
 from terra_rl.algo.rollout import Choice, RolloutCarry, Step, rollout
 from terra_rl.features.dig_distance import feature_tiles, field_at, work_in_reach
+from terra_rl.features.global_maps import map_input, pooled_map_layers
 from terra_rl.features.policy_inputs import derived_features
 from terra_rl.features.pose_distance import pose_distances
 from terra_rl.features.reach_cache import (
@@ -25,6 +27,7 @@ from terra_rl.features.reach_cache import (
     DIG_DISTANCES_KEY,
     IN_REACH_KEY,
     MAP_KEYS,
+    POOLED_MAPS_KEY,
     POSE_DISTANCES_KEY,
     default_chunk,
     make_reach_cache,
@@ -34,6 +37,7 @@ from terra_rl.validation import small
 
 NUM_ENVS = 16
 STEPS = 48
+POOL = 2
 
 
 def make_batch(wheeled_fraction: float) -> BatchEnv:
@@ -53,10 +57,10 @@ def dig_field(obs, goals):
 
 
 def cached_along_a_rollout(batch, chunk: int, wheeled_agents: bool = True):
-    """Per step of a random masked rollout with the cache: whether the goals, and the pose
-    and dig distances, the choice saw equal those computed from its observation alone, and
-    how many envs' maps changed since the step before."""
-    cache = make_reach_cache(NUM_ENVS, chunk, wheeled_agents=wheeled_agents)
+    """Per step of a random masked rollout with the cache: whether the goals, the pose and
+    dig distances, and the map layers pooled by `POOL`, the choice saw equal those computed
+    from its observation alone, and how many envs' maps changed since the step before."""
+    cache = make_reach_cache(NUM_ENVS, chunk, wheeled_agents=wheeled_agents, map_pool=POOL)
 
     def run(key):
         key_reset, key_run = jax.random.split(key)
@@ -70,7 +74,8 @@ def cached_along_a_rollout(batch, chunk: int, wheeled_agents: bool = True):
             same_distances = (
                 jnp.array_equal(obs[POSE_DISTANCES_KEY],
                                 pose_distances(plain, goals, wheeled_agents))
-                & jnp.array_equal(obs[DIG_DISTANCES_KEY], dig_field(plain, goals)))
+                & jnp.array_equal(obs[DIG_DISTANCES_KEY], dig_field(plain, goals))
+                & jnp.array_equal(obs[POOLED_MAPS_KEY], pooled_map_layers(plain, POOL)))
             changed = jnp.zeros((NUM_ENVS,), bool)
             for name in MAP_KEYS:
                 changed |= jnp.any(obs[name] != previous[name], axis=(-2, -1))
@@ -178,6 +183,27 @@ def test_the_policy_reads_the_kept_goals_and_a_rollout_does_not_store_them(batch
         np.testing.assert_array_equal(derived_features(added, config)[key], computed[key])
     stored = with_derived_features(_policy(config), added)
     assert not set(CACHE_KEYS) & set(stored) and "dig_distance" in stored
+
+
+def test_pooled_maps_alone_are_kept_and_read_by_the_map_input(batch):
+    """A cache for the pooled maps only (a flat encoder without the distances) adds them and
+    nothing else; the map input built from them equals the one built from the maps, and is
+    read from them, not recomputed."""
+    obs, _ = jax.jit(batch.reset)(jax.random.PRNGKey(2))
+    cache = make_reach_cache(NUM_ENVS, 4, pose_distances=False, dig_distances=False,
+                             map_pool=POOL)
+    state, out = jax.jit(cache.refresh)(cache.init(obs), obs)
+    assert set(out) - set(obs) == {POOLED_MAPS_KEY} and state.search is None
+    pooled = out[POOLED_MAPS_KEY]
+    assert pooled.shape == (NUM_ENVS, 16 // POOL, 16 // POOL, 6) and pooled.dtype == jnp.float32
+    np.testing.assert_array_equal(pooled, pooled_map_layers(obs, POOL))
+    np.testing.assert_array_equal(map_input(obs, POOL, pooled), map_input(obs, POOL))
+    assert not np.array_equal(map_input(obs, POOL, pooled + 1), map_input(obs, POOL))
+    flat = PolicyConfig("flat", 32, 32, dig_distance=False, pose_distance=False, map_pool=POOL)
+    assert (make_observation_cache(_policy(flat), NUM_ENVS) is not None) == (
+        jax.default_backend() == "cpu")
+    with pytest.raises(ValueError, match="map_pool must be >= 0"):
+        make_reach_cache(NUM_ENVS, 4, map_pool=-1)
 
 
 def test_the_default_chunk_and_bad_chunks():

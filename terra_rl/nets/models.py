@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from terra_rl.choices import GYMNAX_ACTIVATIONS, IMAGE_ENCODERS, MAP_ENCODERS, PRECISIONS
-from terra_rl.features.policy_inputs import derived_features, map_input
+from terra_rl.features.global_maps import map_input
+from terra_rl.features.policy_inputs import derived_features, stores_map_input
 from terra_rl.features.reach_cache import CACHE_KEYS, ReachCache, make_reach_cache
 from terra_rl.nets.dense_dot import dense_dot_general_for_backend
 from terra_rl.nets.patch_conv import CONV_KERNEL_INIT, PatchConv
@@ -353,17 +354,19 @@ def with_derived_features(policy: nn.Module, obs):
 
 def make_observation_cache(policy: nn.Module, num_envs: int) -> ReachCache | None:
     """What a rollout of `num_envs` envs keeps from step to step for `policy`'s inputs
-    (`terra_rl.algo.rollout.rollout`'s `cache`): the dig and pose distances' goals and the
-    pose distance's search (`terra_rl.features.reach_cache`) where the policy has either
-    distance; else None."""
+    (`terra_rl.algo.rollout.rollout`'s `cache`, `terra_rl.features.reach_cache`): the dig
+    and pose distances' goals and searches where the policy has either distance, and the
+    pooled map layers where a rollout stores the map input (`stores_map_input`); None where
+    it has neither."""
     if not isinstance(policy, ExcavationPolicy):
         return None
     config = policy.config
-    if not (config.dig_distance or config.pose_distance):
+    map_pool = config.map_pool if stores_map_input(config) else 0
+    if not (config.dig_distance or config.pose_distance or map_pool):
         return None
     return make_reach_cache(num_envs, pose_distances=config.pose_distance,
                             wheeled_agents=config.wheeled_agents,
-                            dig_distances=config.dig_distance)
+                            dig_distances=config.dig_distance, map_pool=map_pool)
 
 
 class ExcavationPolicy(nn.Module):
