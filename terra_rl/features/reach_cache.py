@@ -3,8 +3,8 @@ pose distances' goals (`work_in_reach`) and the flat encoder's pooled map layers
 (`global_maps.pooled_map_layers`), recomputed only for the envs whose maps changed, and the
 pose and dig distances' searches, swept on only as far as new queries need.
 
-At 64x64 the two were three quarters of the policy's parameter-free inputs
-(docs/PERFORMANCE.md), recomputed from scratch at every step:
+At 64x64 these were most of the policy's parameter-free inputs (docs/PERFORMANCE.md),
+recomputed from scratch at every step:
 
 - `work_in_reach` ORs the packed map shifted by each of the arm ring's offsets (224 at
   64x64). It reads only the target, action, dumpability and refused-dig maps, which change
@@ -15,16 +15,17 @@ At 64x64 the two were three quarters of the policy's parameter-free inputs
   On unchanged maps the search of the step before holds every state within its sweeps,
   with its distance in bit planes: the next step's queries, a base action away, are looked
   up, and the search sweeps on only for queries beyond it.
-- the flat encoder's pooled map (stored on a CPU, `policy_inputs.stores_map_input`) pools
-  six map layers of every tile at every step, 0.019 s of 0.11 s per update at 64x64; only
-  the agent's one-hot among its channels moves without a map change.
+- the flat encoder's map input (stored on a CPU, `policy_inputs.stores_map_input`) pooled
+  six map layers of every tile, 0.019 s of 0.11 s per update at 64x64, though only the
+  agent's one-hot among its channels moves without a map change.
 
 Before each choice the cache compares each env's maps (and obstacles and agent type) with
-those its work was done on; the stale envs' goals and pooled maps are recomputed and
-their searches restarted, and the searches that a query needs are swept on, `chunk` envs at a time
-(`envs.batch.over_chunks`). Every env's goals equal `work_in_reach` of its own observation,
-and its pose distances `pose_distances` of it and its pooled maps `pooled_map_layers` of it, bit for
-bit (tests/test_reach_cache.py), so training logs the same values.
+those its work was done on; the stale envs' goals and pooled maps are recomputed and their
+searches restarted, and the searches that a query needs are swept on, `chunk` envs at a
+time (`envs.batch.over_chunks`). Every env's goals equal `work_in_reach` of its own
+observation, its pose distances `pose_distances` of it and its pooled maps
+`pooled_map_layers` of it, bit for bit (tests/test_reach_cache.py), so training logs the
+same values.
 
     cache = make_reach_cache(num_envs)
     state = cache.init(obs)                 # nothing computed yet: every env is stale
