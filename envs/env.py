@@ -163,6 +163,33 @@ class ExcavationEnv:
         False the observation's mask is all True, not computed (`BatchEnv` computes it once,
         after its resets)."""
         del key, params
+        new_state, reward, task_done, truncated, info, view = self._transition(state, action)
+        obs = self._observe(new_state, *view, with_action_mask)
+        if with_action_mask:
+            new_state = self.remember_refusals(new_state, obs)
+        info = dict(info, action_mask=obs["action_mask"])
+        return obs, new_state, reward, task_done, truncated, info
+
+    def step_without_observation(
+        self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams,
+    ) -> tuple[EnvState, jax.Array, jax.Array, jax.Array, dict[str, Any]]:
+        """`step_no_reset` with `with_action_mask=False`, less its observation: (state,
+        reward, terminated, truncated, info without "action_mask"). `BatchEnv` observes the
+        states after its resets, and the pre-reset states only where an episode ended
+        (`observation_without_mask`)."""
+        del key, params
+        new_state, reward, task_done, truncated, info, _ = self._transition(state, action)
+        return new_state, reward, task_done, truncated, info
+
+    def observation_without_mask(self, state: EnvState) -> dict:
+        """`state`'s observation with an all-True mask and no refusal added: what
+        `step_no_reset(..., with_action_mask=False)` observes of the state it reaches."""
+        return self._observe(state, *self._window_layers(state), with_action_mask=False)
+
+    def _transition(self, state: EnvState, action: jax.Array):
+        """The step's dynamics: (new state, reward, terminated, truncated, info without
+        "action_mask", (window, target, action, obstacles, dumpability) cropped around the
+        new pose) for `_observe`."""
         cfg = self.config
         agent = state.agent
         action = jnp.asarray(action, jnp.int32)
@@ -269,21 +296,17 @@ class ExcavationEnv:
             age=age,
             curriculum=self.update_curriculum(state.curriculum, task_done, truncated),
         )
-        # The post-step observation, seen from the new pose inside the same window.
+        # The post-step observation is seen from the new pose inside the same window.
         new_window = window.shifted(new_agent.pos - agent.pos)
-        obs = self._observe(new_state, new_window, w_target, new_w_action, w_obstacles, new_w_dump,
-                            with_action_mask)
-        if with_action_mask:
-            new_state = self.remember_refusals(new_state, obs)
+        view = (new_window, w_target, new_w_action, w_obstacles, new_w_dump)
         info = {
             "task_done": task_done,
             "truncated": truncated,
             "episode_progress": self.episode_progress(new_state),
             "reward_terms": terms,
-            "action_mask": obs["action_mask"],
             "curriculum_level": new_state.curriculum.level,
         }
-        return obs, new_state, reward, task_done, truncated, info
+        return new_state, reward, task_done, truncated, info, view
 
     def _candidate_pose(self, agent: AgentState, action: jax.Array):
         """Pose a base action would reach: (delta int32 [2], heading, wheel angle).

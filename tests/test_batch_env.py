@@ -7,6 +7,8 @@ run by tests/test_validation.py."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,3 +149,48 @@ def test_curriculum_promotes_demotes_and_samples_its_level(params16):
         _, states = reset(keys, params16, jnp.int32(A.TRACKED), curriculum)
         map_types = np.asarray(params16.map_type)[np.asarray(states.map_index)]
         assert (map_types == MAP_TYPES.index(name)).all()
+
+
+def test_final_observations_observe_only_the_finished_envs(batch16, params16):
+    """`BatchEnv.step` observes a pre-reset state only where its episode ended, a few envs a
+    pass: each final observation equals, leaf for leaf, `step_no_reset`'s observation
+    without a mask where the env finished (seven at once here, seven passes), and the new
+    observation where it goes on; `step_without_observation` is `step_no_reset` less its
+    observation. Two steps: the forced timeouts, then random actions."""
+    env = batch16.env
+    _, state = jax.jit(batch16.reset)(jax.random.PRNGKey(0), params16)
+    finishing = jnp.arange(batch16.num_envs) < 7
+    state = state.replace(age=jnp.where(finishing, env.config.max_steps - 1, state.age))
+    assert batch16.max_partial_resets < 7
+
+    @jax.jit
+    def step_and_reference(key, state, actions):
+        obs, new_state, _, terminated, truncated, info = batch16.step(key, state, actions,
+                                                                      params16)
+        without_mask = functools.partial(env.step_no_reset, with_action_mask=False)
+        keys = jax.random.split(key, batch16.num_envs)
+        pre_reset, *stepped = jax.vmap(without_mask, in_axes=(0, 0, 0, None))(
+            keys, state, actions, params16)
+        unobserved = jax.vmap(env.step_without_observation, in_axes=(0, 0, 0, None))(
+            keys, state, actions, params16)
+        info_without_mask = {k: v for k, v in stepped[-1].items() if k != "action_mask"}
+        same = jax.tree.map(jnp.array_equal, (*stepped[:-1], info_without_mask), unobserved)
+        done = terminated | truncated
+        expected = jax.tree.map(
+            lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b),
+            pre_reset, obs)
+        return new_state, done, info["final_observation"], expected, obs, same
+
+    dones = []
+    for key in jax.random.split(jax.random.PRNGKey(3), 2):
+        key_action, key_step = jax.random.split(key)
+        actions = jax.random.randint(key_action, (batch16.num_envs,), 0, A.NUM_ACTIONS)
+        state, done, final, expected, obs, same = step_and_reference(key_step, state, actions)
+        assert all(jax.tree.leaves(same))  # the step less its observation: the same step
+        dones.append(np.asarray(done))
+        assert set(final) == set(obs)
+        for name in final:
+            assert final[name].dtype == obs[name].dtype, name
+            np.testing.assert_array_equal(final[name], expected[name], err_msg=name)
+        assert np.asarray(final["action_mask"])[np.asarray(done)].all()
+    assert dones[0][:7].all()
