@@ -163,11 +163,10 @@ class BatchEnv:
                     next_state.agent.agent_type[gather],
                     jax.tree.map(lambda x: x[gather], next_state.curriculum),
                 )
-                scatter = lambda full, new: full.at[part].set(new, mode="drop")  # noqa: E731
                 if remembers:  # of the finished states, not yet reset
                     finished = jax.tree.map(lambda x: x[gather], next_state)
-                    refused = scatter(refused, final_refusals(finished))
-                return jax.tree.map(scatter, next_state, reset_state), refused
+                    refused = scatter_rows(refused, part, final_refusals(finished))
+                return scatter_rows(next_state, part, reset_state), refused
 
             return over_chunks(done, self.max_partial_resets, reset_one_chunk, carry)
 
@@ -186,8 +185,7 @@ class BatchEnv:
             last = jax.vmap(self.env.observation_without_mask)(finished)
             if remembers:
                 last = dict(last, refused_digs=refused[gather])
-            return jax.tree.map(lambda full, new: full.at[part].set(new, mode="drop"),
-                                final_obs, last)
+            return scatter_rows(final_obs, part, last)
 
         # Where the episode goes on, the pre-reset observation is the new one, mask included;
         # the finished envs' are taken `max_partial_resets` at a time (none in most steps:
@@ -216,7 +214,7 @@ class BatchEnv:
         def check_one_chunk(gather, part, cut):
             chunk = jax.tree.map(lambda x: x[gather], state)
             answers = self._cut_off_test(*jax.vmap(self.env.cut_off_arguments)(chunk))
-            return cut.at[part].set(answers, mode="drop")
+            return scatter_rows(cut, part, answers)
 
         cut = over_chunks(needed, self.max_cut_off_checks, check_one_chunk,
                           jnp.zeros((self.num_envs,), bool))
@@ -242,6 +240,12 @@ def over_chunks(selected: jax.Array, chunk: int, body, carry):
     count = jnp.sum(selected)
     return jax.lax.while_loop(lambda state: state[0] < count, one_chunk,
                               (jnp.int32(0), carry))[1]
+
+
+def scatter_rows(full, part: jax.Array, new):
+    """The pytree `full` ([num_envs, ...] leaves) with rows `part` (int32 [chunk], an
+    `over_chunks` body's) set to `new` ([chunk, ...] leaves); padded indices are dropped."""
+    return jax.tree.map(lambda whole, rows: whole.at[part].set(rows, mode="drop"), full, new)
 
 
 def default_cut_off_checks(num_envs: int, backend: str) -> int:

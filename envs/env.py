@@ -173,13 +173,11 @@ class ExcavationEnv:
     def step_without_observation(
         self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams,
     ) -> tuple[EnvState, jax.Array, jax.Array, jax.Array, dict[str, Any]]:
-        """`step_no_reset` with `with_action_mask=False`, less its observation: (state,
-        reward, terminated, truncated, info without "action_mask"). `BatchEnv` observes the
-        states after its resets, and the pre-reset states only where an episode ended
-        (`observation_without_mask`)."""
+        """`step_no_reset(..., with_action_mask=False)` less its observation: (state, reward,
+        terminated, truncated, info without "action_mask"). `BatchEnv` observes the states
+        after its resets, the pre-reset ones only where an episode ended."""
         del key, params
-        new_state, reward, task_done, truncated, info, _ = self._transition(state, action)
-        return new_state, reward, task_done, truncated, info
+        return self._transition(state, action)[:-1]
 
     def observation_without_mask(self, state: EnvState) -> dict:
         """`state`'s observation with an all-True mask and no refusal added: what

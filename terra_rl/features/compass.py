@@ -119,7 +119,8 @@ def compass(obs: dict) -> jax.Array:
     codes = functools.reduce(
         jnp.bitwise_or, [mask.astype(jnp.int32) << layer for layer, mask in enumerate(masks)])
     bins = compass_bins(obs["agent_state"], map_size)
-    num_segments = NUM_SECTORS * NUM_DISTANCE_BINS * (num_codes := 1 << len(LAYERS))
+    num_codes = 1 << len(LAYERS)
+    num_segments = NUM_SECTORS * NUM_DISTANCE_BINS * num_codes
     batch = int(np.prod(batch_shape, dtype=np.int64))
     segments = (bins * num_codes + codes).reshape(batch, map_size * map_size)
     tiles = jax.vmap(lambda env: jnp.zeros((num_segments,), jnp.int32).at[env].add(1))(segments)

@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from envs.batch import over_chunks, select_where
+from envs.batch import over_chunks, scatter_rows, select_where
 from envs.move_search import MoveSearch
 from terra_rl.features import dig_distance, pose_distance
 from terra_rl.features.dig_distance import TileSearch, work_in_reach
@@ -175,14 +175,12 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
 
         def recompute_maps(gather, part, kept):
             in_reach, pooled = kept
+            keys = dict.fromkeys((*MAP_KEYS, *POOLED_KEYS))  # in order: one trace per config
+            maps = {key: obs[key][gather] for key in keys if key in obs}
             if needs_goals:
-                fresh_goals = work_in_reach({key: obs[key][gather] for key in MAP_KEYS
-                                             if key in obs})
-                in_reach = in_reach.at[part].set(fresh_goals, mode="drop")
+                in_reach = scatter_rows(in_reach, part, work_in_reach(maps))
             if map_pool:
-                layers = pooled_map_layers({key: obs[key][gather] for key in POOLED_KEYS},
-                                           map_pool)
-                pooled = pooled.at[part].set(layers, mode="drop")
+                pooled = scatter_rows(pooled, part, pooled_map_layers(maps, map_pool))
             return in_reach, pooled
 
         in_reach, pooled = over_chunks(stale, chunk, recompute_maps,
@@ -231,8 +229,7 @@ def _swept_on(searches, stale, needed, chunk: int, start, start_args, extend, qu
         kept = jax.tree.map(lambda x: x[gather], searches)
         begun = select_where(stale[gather], started, kept)
         swept = jax.vmap(extend)(begun, *(x[gather] for x in query_args))
-        return jax.tree.map(lambda all_, new: all_.at[part].set(new, mode="drop"),
-                            searches, swept)
+        return scatter_rows(searches, part, swept)
 
     return over_chunks(needed, chunk, sweep_chunk, searches)
 
