@@ -133,7 +133,8 @@ SLOW_TESTS: dict[str, tuple[str, ...]] = {
     "test_profiling.py": ("test_profile_reports_every_section_on_one_scale",),
     "test_dig_distance.py": ("test_policy_with_dig_distance_adds_only_its_mlp",),
     "test_reach_cache.py": ("test_the_kept_work_equals_the_work_from_scratch_at_every_step",
-                            "test_the_tracked_only_search_is_kept_exactly_too"),
+                            "test_the_tracked_only_search_is_kept_exactly_too",
+                            "test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one"),
     "test_render.py": ("test_play_episode_writes_one_gif_frame_per_step",),
     "test_failure_diagnosis.py": (
         "test_a_load_whose_every_dump_the_mask_forbids_is_told_apart",),

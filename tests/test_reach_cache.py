@@ -207,7 +207,7 @@ def test_pooled_maps_alone_are_kept_and_read_by_the_map_input(batch):
 
 
 def test_the_default_chunk_and_bad_chunks():
-    assert [default_chunk(n, "cpu") for n in (1, 16, 64, 65)] == [1, 4, 16, 17]
+    assert [default_chunk(n, "cpu") for n in (1, 16, 64, 65)] == [1, 1, 4, 5]
     assert [default_chunk(n, "gpu") for n in (1, 16, 1024)] == [1, 8, 512]
     with pytest.raises(ValueError, match="chunk must be >= 1"):
         make_reach_cache(NUM_ENVS, 0)
@@ -217,3 +217,70 @@ def _policy(config: PolicyConfig):
     from terra_rl.nets.models import ExcavationPolicy
 
     return ExcavationPolicy(config, num_actions=8)
+
+
+def test_only_the_wanted_envs_are_refreshed(batch):
+    """`refresh(..., only)` redoes and sweeps the wanted envs alone: the others keep what the
+    state held and stay stale, and a later full refresh completes them, keeping the rest."""
+    obs, _ = jax.jit(batch.reset)(jax.random.PRNGKey(2))
+    cache = make_reach_cache(NUM_ENVS, 2)
+    refresh = jax.jit(cache.refresh)
+    only = jnp.arange(NUM_ENVS) % 3 == 0
+    empty = cache.init(obs)
+    state, out = refresh(empty, obs, only)
+    goals = work_in_reach(obs)
+    np.testing.assert_array_equal(state.fresh, only)
+    wanted, other = np.asarray(only), ~np.asarray(only)
+    np.testing.assert_array_equal(out[IN_REACH_KEY][wanted], goals[wanted])
+    assert not np.asarray(out[IN_REACH_KEY])[other].any()
+    np.testing.assert_array_equal(out[POSE_DISTANCES_KEY][wanted],
+                                  pose_distances(obs, goals)[wanted])
+    np.testing.assert_array_equal(out[DIG_DISTANCES_KEY][wanted], dig_field(obs, goals)[wanted])
+    for search, before in zip(jax.tree.leaves((state.search, state.dig_search)),
+                              jax.tree.leaves((empty.search, empty.dig_search)), strict=True):
+        np.testing.assert_array_equal(np.asarray(search)[other], np.asarray(before)[other])
+    full, completed = refresh(state, obs)
+    assert np.asarray(full.fresh).all()
+    np.testing.assert_array_equal(completed[IN_REACH_KEY], goals)
+    np.testing.assert_array_equal(completed[POSE_DISTANCES_KEY], pose_distances(obs, goals))
+    for search, before in zip(jax.tree.leaves((full.search, full.dig_search)),
+                              jax.tree.leaves((state.search, state.dig_search)), strict=True):
+        np.testing.assert_array_equal(np.asarray(search)[wanted], np.asarray(before)[wanted])
+
+
+def test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one(batch):
+    """The bootstrap's values with the rollout's cache (its last observations refreshed from
+    the cache's state, the truncated rows' keys computed from scratch) equal those without it
+    bit for bit, over three passes; the first pass reads the cache's state."""
+    from terra_rl.algo.update import make_bootstrap_values_fn, policy_outputs
+
+    config = PolicyConfig("flat", 32, 32, dig_distance=True, pose_distance=True, map_pool=POOL)
+    policy = _policy(config)
+    obs, state = jax.jit(batch.reset)(jax.random.PRNGKey(3))
+    params = jax.jit(policy.init)(jax.random.PRNGKey(0), obs)
+    cache = make_observation_cache(policy, NUM_ENVS)
+    cache_state, _ = jax.jit(cache.refresh)(cache.init(obs), obs)
+    actions = jax.random.randint(jax.random.PRNGKey(4), (NUM_ENVS,), 0, 8)
+    last_obs = jax.jit(batch.step)(jax.random.PRNGKey(5), state, actions)[0]
+    steps = 3
+    final_obs = jax.tree.map(lambda x, y: jnp.stack([x, y, x]), obs, last_obs)
+    truncated = jax.random.bernoulli(jax.random.PRNGKey(6), 0.6, (steps, NUM_ENVS))
+    assert NUM_ENVS < int(truncated.sum()) < steps * NUM_ENVS  # three passes, one part-full
+
+    def outputs(params, obs):
+        return policy_outputs(policy, params, obs, True)
+
+    plain = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS))
+    cached = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS, cache))
+    expected = plain(params, last_obs, final_obs, truncated)
+    got = cached(params, last_obs, final_obs, truncated, cache_state)
+    for value, reference in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(value, reference)
+    assert np.asarray(got[1])[~np.asarray(truncated)].max() == 0
+    _, value = jax.jit(outputs)(params, last_obs)
+    np.testing.assert_array_equal(got[0], value)
+    # Wrong pooled maps kept for the unchanged envs change their last values: they are read.
+    planted = cache_state._replace(pooled=cache_state.pooled + 1)
+    misled = cached(params, last_obs, final_obs, truncated, planted)
+    assert not np.array_equal(misled[0], got[0])
+    np.testing.assert_array_equal(misled[1], got[1])

@@ -126,19 +126,28 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
     return jax.pmap(init, axis_name=AXIS)
 
 
-def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
-    """`values(params, last_obs, final_obs, truncated) -> (last_value float32 [N], final_values
-    float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the observation after the rollout)
-    and V(final_obs[t]) where `truncated` bool [T, N], else 0 (final_obs pytree [T, N, ...],
-    the pre-reset observations).
+def make_bootstrap_values_fn(outputs: Callable, num_envs: int, cache=None) -> Callable:
+    """`values(params, last_obs, final_obs, truncated, cache_state=None) -> (last_value
+    float32 [N], final_values float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the
+    observation after the rollout) and V(final_obs[t]) where `truncated` bool [T, N], else 0
+    (final_obs pytree [T, N, ...], the pre-reset observations).
 
     One `lax.while_loop` whose body is one critic pass over N observations: the last ones
     first, then the truncated steps' final observations, N at a time (gathered), so usually
     two passes per update. The critic, the policy's derived inputs included, is compiled
     once here instead of three times (a pass per rollout step where envs time out, and one
-    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed"."""
+    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed".
 
-    def values(params, last_obs, final_obs, truncated):
+    With the rollout's observation cache (`cache`, `make_observation_cache`) and its state
+    after the rollout (`cache_state`), the first pass reads the last observations' cached
+    keys, refreshed as the rollout's next step would refresh them, and a later pass
+    computes its final observations' keys for the truncated rows only, not for the N it
+    gathers: the same values, the first pass at half its cost from scratch at 64 envs x
+    64x64 (docs/PERFORMANCE.md). Each pass refreshes once (one
+    compiled copy of the cache's work): the first from `cache_state`, a later one from an
+    empty state."""
+
+    def values(params, last_obs, final_obs, truncated, cache_state=None):
         steps = truncated.shape[0]
         flat_final = jax.tree.map(lambda x: x.reshape((steps * num_envs,) + x.shape[2:]),
                                   final_obs)
@@ -154,10 +163,15 @@ def make_bootstrap_values_fn(outputs: Callable, num_envs: int) -> Callable:
                                           (num_envs,))
             gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, steps * num_envs - 1)],
                                     flat_final)
-            obs = jax.tree.map(lambda a, b: jnp.where(done == 0, a, b), last_obs, gathered)
+            first = done == 0
+            obs = jax.tree.map(lambda a, b: jnp.where(first, a, b), last_obs, gathered)
+            if cache is not None:
+                start = jax.tree.map(lambda a, b: jnp.where(first, a, b), cache_state,
+                                     cache.init(gathered))
+                obs = cache.refresh(start, obs, first | (chunk < steps * num_envs))[1]
             _, value = outputs(params, obs)
-            last_value = jnp.where(done == 0, value, last_value)
-            written = jnp.where(done == 0, steps * num_envs, chunk)
+            last_value = jnp.where(first, value, last_value)
+            written = jnp.where(first, steps * num_envs, chunk)
             final_values = final_values.at[written].set(value, mode="drop")
             return done + 1, last_value, final_values
 
@@ -268,8 +282,8 @@ def make_update_fn(config: TrainConfig, env, policy,
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
-    bootstrap_values = make_bootstrap_values_fn(outputs, num_envs)
     observation_cache = make_observation_cache(policy, num_envs)
+    bootstrap_values = make_bootstrap_values_fn(outputs, num_envs, observation_cache)
 
     def choose(extra, obs, noise) -> Choice:
         """The policy's action, sampled with this step's row of `ppo.rollout_noise`."""
@@ -352,9 +366,9 @@ def make_update_fn(config: TrainConfig, env, policy,
         carry = RolloutCarry(runner.env_state, runner.last_obs, (params, runner.counters))
         carry, (traj, episodes) = rollout(env, env_params, choose, record, carry, noise,
                                           cache=observation_cache)
-        env_state, last_obs, (_, counters), _ = carry
+        env_state, last_obs, (_, counters), cache_state = carry
         last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
-                                                    traj.truncated)
+                                                    traj.truncated, cache_state)
         next_value = ppo.next_values(
             traj.value, last_value, traj.terminated, traj.truncated, final_values
         )

@@ -20,9 +20,11 @@ recomputed from scratch at every step:
   agent's one-hot among its channels moves without a map change.
 
 Before each choice the cache compares each env's maps (and obstacles and agent type) with
-those its work was done on; the stale envs' goals and pooled maps are recomputed and their
-searches restarted, and the searches that a query needs are swept on, `chunk` envs at a
-time (`envs.batch.over_chunks`). Every env's goals equal `work_in_reach` of its own
+those its work was done on, as 32-bit words; the stale envs' goals and pooled maps are
+recomputed and their searches restarted, and the searches that a query needs are swept on,
+`chunk` envs at a time (`envs.batch.over_chunks`). The update's bootstrap refreshes the
+rollout's last observation once more, and the timed-out steps' final observations from an
+empty state for their rows alone (`terra_rl.algo.update.make_bootstrap_values_fn`). Every env's goals equal `work_in_reach` of its own
 observation, its pose distances `pose_distances` of it and its pooled maps
 `pooled_map_layers` of it, bit for bit (tests/test_reach_cache.py), so training logs the
 same values.
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +85,8 @@ and the agent type too (the pooled maps read a subset)."""
 
 class ReachCacheState(NamedTuple):
     compared: dict
-    """`COMPARED_KEYS` of the observation each env's work was done on, [num_envs, ...]."""
+    """`COMPARED_KEYS` of the observation each env's work was done on, [num_envs, words]
+    (`_compared`)."""
     in_reach: jax.Array
     """bool [num_envs, N, N]: `work_in_reach` of those maps (all False without the
     distances)."""
@@ -101,19 +104,22 @@ class ReachCacheState(NamedTuple):
 class ReachCache(NamedTuple):
     init: Callable[[dict], ReachCacheState]
     """A state for a batch of observations like `obs`, every env stale (nothing computed)."""
-    refresh: Callable[[ReachCacheState, dict], tuple[ReachCacheState, dict]]
-    """(state for `obs`, `obs` plus the cached keys): the stale envs' work redone, the
-    searches that the queries need swept on, the rest kept."""
+    refresh: Callable[..., tuple[ReachCacheState, dict]]
+    """`refresh(state, obs, only=None)` -> (state for `obs`, `obs` plus the cached keys): the
+    stale envs' work redone, the searches that the queries need swept on, the rest kept.
+    With `only` bool [num_envs], the envs outside it are neither redone nor swept: their keys
+    are whatever `state` held, the rows of a caller that drops them."""
 
 
 def default_chunk(num_envs: int, backend: str) -> int:
-    """Envs recomputed per pass. On a CPU a quarter of the batch: a pass costs its envs
-    times the sweeps of its slowest, plus a fixed cost per pass; at 64 envs x 64x64 chunks
-    of 4 to 16 envs gave the same time, 64 twice as long, and at 16 envs x 16x16 chunks of 4
-    to 16 within 20% (docs/PERFORMANCE.md). Elsewhere half the batch, as for the env's
-    cut-off checks (`envs.batch.default_cut_off_checks`): one pass, at a cost that hardly
-    depends on its size."""
-    return max(1, -(-num_envs // (4 if backend == "cpu" else 2)))
+    """Envs recomputed per pass. On a CPU a sixteenth of the batch: a pass costs its envs
+    times the sweeps of its slowest, plus a fixed cost per pass, and most steps have one or
+    two stale envs. At 64 envs x 64x64, the full update on one core took 0.456 s with chunks
+    of 4 envs, 0.458 with 2 and 0.478 with 16; at 16x16 and 32x32 chunks of 4 to 16 gave the
+    same time (docs/PERFORMANCE.md). Elsewhere half the batch, as for the env's cut-off
+    checks (`envs.batch.default_cut_off_checks`): one pass, at a cost that hardly depends on
+    its size."""
+    return max(1, -(-num_envs // (16 if backend == "cpu" else 2)))
 
 
 def make_reach_cache(num_envs: int, chunk: int | None = None, *,
@@ -167,11 +173,13 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
     def dig_search_for(obs):
         return dig_distance.tile_search(obs["target_map"].shape[-1])
 
-    def refresh(state: ReachCacheState, obs: dict) -> tuple[ReachCacheState, dict]:
+    def refresh(state: ReachCacheState, obs: dict, only: jax.Array | None = None
+                ) -> tuple[ReachCacheState, dict]:
         compared = _compared(obs)
         same = [jnp.all(value == state.compared[key], axis=tuple(range(1, value.ndim)))
                 for key, value in compared.items()]
-        stale = ~functools.reduce(jnp.logical_and, same, state.fresh)
+        unchanged = functools.reduce(jnp.logical_and, same, state.fresh)
+        stale = ~unchanged if only is None else ~unchanged & only
 
         def recompute_maps(gather, part, kept):
             in_reach, pooled = kept
@@ -182,6 +190,9 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
             if map_pool:
                 pooled = scatter_rows(pooled, part, pooled_map_layers(maps, map_pool))
             return in_reach, pooled
+
+        def wanted(needed):
+            return needed if only is None else needed & only
 
         in_reach, pooled = over_chunks(stale, chunk, recompute_maps,
                                        (state.in_reach, state.pooled))
@@ -194,7 +205,7 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         search = search_for(obs)
         if search is not None:
             states, valid, is_wheeled = queries(obs)
-            needed = stale | jax.vmap(search.pending)(state.search, states, valid)
+            needed = wanted(stale | jax.vmap(search.pending)(state.search, states, valid))
 
             searches = _swept_on(
                 state.search, stale, needed, chunk,
@@ -205,14 +216,15 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         if dig_distances:
             dig = dig_search_for(obs)
             free, goals, rows, cols, on_map = dig_queries(obs, in_reach)
-            needed = stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map)
+            needed = wanted(stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map))
 
             dig_searches = _swept_on(state.dig_search, stale, needed, chunk,
                                      dig.start, (free, goals), dig.extend, (rows, cols, on_map))
             out[DIG_DISTANCES_KEY] = jax.vmap(dig.lookup)(dig_searches, rows, cols, on_map)
         new_state = ReachCacheState(compared=compared, in_reach=in_reach, pooled=pooled,
                                     search=searches, dig_search=dig_searches,
-                                    fresh=jnp.ones((num_envs,), bool))
+                                    fresh=jnp.ones((num_envs,), bool) if only is None
+                                    else unchanged | only)
         return new_state, out
 
     return ReachCache(init=init, refresh=refresh)
@@ -234,5 +246,22 @@ def _swept_on(searches, stale, needed, chunk: int, start, start_args, extend, qu
     return over_chunks(needed, chunk, sweep_chunk, searches)
 
 
-def _compared(obs: dict) -> dict[str, Any]:
-    return {key: obs[key] for key in COMPARED_KEYS if key in obs}
+def _compared(obs: dict) -> dict[str, jax.Array]:
+    """`COMPARED_KEYS` of `obs`, each env's row as 32-bit words where its bytes allow
+    ([num_envs, words] uint32): one comparison per four int8 tiles. Comparing the maps tile
+    by tile took 0.025 s of a 64x64 update's 0.06 s of cache refreshes on one core, in
+    words 0.016 (docs/PERFORMANCE.md)."""
+    return {key: _as_words(obs[key]) for key in COMPARED_KEYS if key in obs}
+
+
+def _as_words(value: jax.Array) -> jax.Array:
+    """[num_envs, ...] -> its rows' bytes as uint32 [num_envs, bytes / 4] (the same rows
+    equal exactly where their words do), or [num_envs, -1] as it is where the bytes do not
+    divide by 4."""
+    rows = value.reshape(value.shape[0], -1)
+    if rows.dtype == jnp.bool_:
+        rows = rows.view(jnp.uint8)
+    per_word = 4 // rows.dtype.itemsize if rows.dtype.itemsize < 4 else 1
+    if per_word == 1 or rows.shape[1] % per_word:
+        return rows
+    return jax.lax.bitcast_convert_type(rows.reshape(rows.shape[0], -1, per_word), jnp.uint32)
