@@ -279,8 +279,9 @@ def test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one(batch):
     assert np.asarray(got[1])[~np.asarray(truncated)].max() == 0
     _, value = jax.jit(outputs)(params, last_obs)
     np.testing.assert_array_equal(got[0], value)
-    # Wrong pooled maps kept for the unchanged envs change their last values: they are read.
-    planted = cache_state._replace(pooled=cache_state.pooled + 1)
+    # Wrong distances kept for the unchanged envs change their last values: they are read.
+    search = cache_state.search
+    planted = cache_state._replace(search=search._replace(planes=~search.planes))
     misled = cached(params, last_obs, final_obs, truncated, planted)
     assert not np.array_equal(misled[0], got[0])
     np.testing.assert_array_equal(misled[1], got[1])

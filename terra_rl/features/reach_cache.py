@@ -24,10 +24,10 @@ those its work was done on, as 32-bit words; the stale envs' goals and pooled ma
 recomputed and their searches restarted, and the searches that a query needs are swept on,
 `chunk` envs at a time (`envs.batch.over_chunks`). The update's bootstrap refreshes the
 rollout's last observation once more, and the timed-out steps' final observations from an
-empty state for their rows alone (`terra_rl.algo.update.make_bootstrap_values_fn`). Every env's goals equal `work_in_reach` of its own
-observation, its pose distances `pose_distances` of it and its pooled maps
-`pooled_map_layers` of it, bit for bit (tests/test_reach_cache.py), so training logs the
-same values.
+empty state for their rows alone (`terra_rl.algo.update.make_bootstrap_values_fn`). Every
+env's goals equal `work_in_reach` of its own observation, its pose distances
+`pose_distances` of it and its pooled maps `pooled_map_layers` of it, bit for bit
+(tests/test_reach_cache.py), so training logs the same values.
 
     cache = make_reach_cache(num_envs)
     state = cache.init(obs)                 # nothing computed yet: every env is stale
