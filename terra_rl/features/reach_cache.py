@@ -175,11 +175,12 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
 
     def refresh(state: ReachCacheState, obs: dict, only: jax.Array | None = None
                 ) -> tuple[ReachCacheState, dict]:
+        if only is None:
+            only = jnp.ones((num_envs,), bool)
         compared = _compared(obs)
-        same = [jnp.all(value == state.compared[key], axis=tuple(range(1, value.ndim)))
-                for key, value in compared.items()]
+        same = [jnp.all(value == state.compared[key], axis=1) for key, value in compared.items()]
         unchanged = functools.reduce(jnp.logical_and, same, state.fresh)
-        stale = ~unchanged if only is None else ~unchanged & only
+        stale = ~unchanged & only
 
         def recompute_maps(gather, part, kept):
             in_reach, pooled = kept
@@ -190,9 +191,6 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
             if map_pool:
                 pooled = scatter_rows(pooled, part, pooled_map_layers(maps, map_pool))
             return in_reach, pooled
-
-        def wanted(needed):
-            return needed if only is None else needed & only
 
         in_reach, pooled = over_chunks(stale, chunk, recompute_maps,
                                        (state.in_reach, state.pooled))
@@ -205,7 +203,7 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         search = search_for(obs)
         if search is not None:
             states, valid, is_wheeled = queries(obs)
-            needed = wanted(stale | jax.vmap(search.pending)(state.search, states, valid))
+            needed = (stale | jax.vmap(search.pending)(state.search, states, valid)) & only
 
             searches = _swept_on(
                 state.search, stale, needed, chunk,
@@ -216,15 +214,14 @@ def make_reach_cache(num_envs: int, chunk: int | None = None, *,
         if dig_distances:
             dig = dig_search_for(obs)
             free, goals, rows, cols, on_map = dig_queries(obs, in_reach)
-            needed = wanted(stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map))
+            needed = (stale | jax.vmap(dig.pending)(state.dig_search, rows, cols, on_map)) & only
 
             dig_searches = _swept_on(state.dig_search, stale, needed, chunk,
                                      dig.start, (free, goals), dig.extend, (rows, cols, on_map))
             out[DIG_DISTANCES_KEY] = jax.vmap(dig.lookup)(dig_searches, rows, cols, on_map)
         new_state = ReachCacheState(compared=compared, in_reach=in_reach, pooled=pooled,
                                     search=searches, dig_search=dig_searches,
-                                    fresh=jnp.ones((num_envs,), bool) if only is None
-                                    else unchanged | only)
+                                    fresh=unchanged | only)
         return new_state, out
 
     return ReachCache(init=init, refresh=refresh)
@@ -261,7 +258,7 @@ def _as_words(value: jax.Array) -> jax.Array:
     rows = value.reshape(value.shape[0], -1)
     if rows.dtype == jnp.bool_:
         rows = rows.view(jnp.uint8)
-    per_word = 4 // rows.dtype.itemsize if rows.dtype.itemsize < 4 else 1
+    per_word = max(1, 4 // rows.dtype.itemsize)
     if per_word == 1 or rows.shape[1] % per_word:
         return rows
     return jax.lax.bitcast_convert_type(rows.reshape(rows.shape[0], -1, per_word), jnp.uint32)
