@@ -38,6 +38,7 @@ from terra_rl.perf.env_benchmark import (  # noqa: E402
     measure_throughput,
 )
 from terra_rl.perf.env_benchmark_report import render_report  # noqa: E402
+from terra_rl.run.huge_pages import reexec_with_huge_pages  # noqa: E402
 
 SCHEMA_VERSION = 1
 NEVER_DONE_MAX_STEPS = 10**9
@@ -276,4 +277,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_huge_pages()
     sys.exit(main())

@@ -22,6 +22,7 @@ import jax
 from terra_rl.cli.parser import OneLineErrorParser
 from terra_rl.config import PRESETS, ConfigError, TrainConfig, get_preset, resolve
 from terra_rl.perf.benchmarking import runtime_info
+from terra_rl.run.huge_pages import reexec_with_huge_pages
 from terra_rl.run.trainer import build_trainer
 
 
@@ -108,4 +109,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_huge_pages()
     sys.exit(main())

@@ -30,6 +30,7 @@ from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 from terra_rl.config import ConfigError, resolve  # noqa: E402
 from terra_rl.perf.benchmarking import runtime_info  # noqa: E402
 from terra_rl.perf.profiling import format_table, profile_update  # noqa: E402
+from terra_rl.run.huge_pages import reexec_with_huge_pages  # noqa: E402
 from terra_rl.run.trainer import build_trainer  # noqa: E402
 from terra_rl.run.warm_start import WarmStartError, load_init_params  # noqa: E402
 
@@ -92,4 +93,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    reexec_with_huge_pages()
     raise SystemExit(main())

@@ -8,6 +8,8 @@ says which ones matter. (The excavation env reads `DATASET_PATH` and `DATASET_SI
 - `LD_LIBRARY_PATH`: where the preflight looks for the CUDA libraries.
 - `SLURM_*`: whether `jax.distributed.initialize` can find its job step.
 - `TERRA_RL_TEST_CACHE`: the test suite's and the gates' compilation cache.
+- `GLIBC_TUNABLES`, `TERRA_RL_HUGE_PAGES`: read, and the first extended for a restart of the
+  process, by `terra_rl.run.huge_pages`.
 - Recorded, never acted on: the run manifest's `REPRODUCIBILITY_ENV_VARS`
   (`terra_rl.run.run_dir`) and the preflight report's list (`terra_rl.ops.runtime`).
 - Passed on: the GPU wait wrapper's child gets this environment with `CUDA_VISIBLE_DEVICES`
