@@ -10,9 +10,10 @@ a kernel whose THP mode is `madvise` then maps 2 MB at a time: 127 faults, 0.006
 nothing can.
 
 glibc reads its tunables once, when the process starts, so an entry point that wants them
-calls `reexec_with_huge_pages()` first: the process replaces itself (same PID, arguments and
-open files) with the tunable added to `GLIBC_TUNABLES`, before any JAX import. Nothing
-changes in what is computed. `TERRA_RL_HUGE_PAGES=0` turns it off.
+calls `reexec_with_huge_pages()` first, before JAX starts a backend (`train_mixed.py` before
+it imports JAX): the process replaces itself (same PID, arguments and open files) with the
+tunable added to `GLIBC_TUNABLES`. Nothing changes in what is computed.
+`TERRA_RL_HUGE_PAGES=0` turns it off.
 """
 
 from __future__ import annotations
