@@ -454,8 +454,8 @@ class ExcavationEnv:
                 w_dump == 1,
                 w_obstacles == 1,
             ]
-        ).astype(jnp.float32)
-        local_maps = jnp.einsum("hij,lij->hl", sectors.astype(jnp.float32), layers)
+        ).astype(jnp.int8)
+        local_maps = geo.sector_sums(sectors, layers)
         if cfg.compute_action_mask and with_action_mask:
             mask = analytic_mask(
                 self, agent, window, sectors, w_target, w_action, w_obstacles, w_dump,

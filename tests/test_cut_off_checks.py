@@ -139,3 +139,31 @@ def test_the_default_chunk_is_a_sixteenth_of_the_batch_on_a_cpu_and_half_elsewhe
 def test_a_chunk_below_one_is_refused(env):
     with pytest.raises(ValueError, match="max_cut_off_checks must be >= 1"):
         BatchEnv(env, small.small_params(), NUM_ENVS, max_cut_off_checks=0)
+
+
+@pytest.mark.parametrize("agent_type", [A.TRACKED, A.WHEELED])
+def test_a_timed_out_env_carries_the_refusals_of_its_last_state(agent_type):
+    """The corridor: both excavators turn onto the wall dig, which the fill refuses; the
+    first times out on that step. Its final observation holds the refusals of its last
+    state's own mask (`ExcavationEnv.final_refusals`, taken through the batch's test of the
+    one kind), as the reference path's and the env going on's do."""
+    from tests.test_env_rules import corridor_batch
+
+    env = ExcavationEnv(EnvConfig(map_size=32, max_steps=60, mask_cut_off_digs=True,
+                                  remember_refused_digs=True,
+                                  wheeled_fraction=float(agent_type == A.WHEELED)))
+    batch, _, state = corridor_batch(env, agent_type)
+    state = state.replace(age=jnp.asarray([env.config.max_steps - 1, 0], jnp.int32))
+    actions = jnp.full((2,), A.CABIN_ANTICLOCK, jnp.int32)
+    key = jax.random.PRNGKey(1)
+    fast = jax.jit(batch.step)(key, state, actions)
+    reference = jax.jit(batch.step_reference)(key, state, actions)
+    assert np.asarray(fast[4]).tolist() == [True, False]  # truncated
+    last = jax.vmap(env.step_without_observation, in_axes=(0, 0, 0, None))(
+        jax.random.split(jax.random.split(key)[0], 2), state, actions, batch.params)[0]
+    expected = np.asarray(jax.jit(jax.vmap(env.final_refusals))(last))
+    assert expected[0].any() and (expected[0] == expected[1]).all()  # the wall dig refused
+    for _, _, _, _, _, info in (fast, reference):
+        final = info["final_observation"]
+        np.testing.assert_array_equal(np.asarray(final["refused_digs"]), expected)
+        assert np.asarray(final["action_mask"][0]).all()  # no action follows a last state

@@ -510,6 +510,47 @@ def test_packed_shifts_equal_boolean_shifts(size):
     assert (got == expected).all()
 
 
+@pytest.mark.parametrize("size", [16, 40, 64])
+def test_start_poses_are_the_packed_one_hot_poses(size):
+    """The fill's start, built as words, equals `pack` of each env's one-hot pose (heading,
+    row, col), at the map's corners and edges, in either word of a row and in its last
+    column (40: a part-filled second word)."""
+    from envs.reachability import H, pack, start_poses
+
+    rng = np.random.default_rng(size)
+    edges = [(0, 0), (0, size - 1), (size - 1, 0), (size - 1, size - 1), (5, 31), (7, 32)]
+    pos = np.concatenate([np.asarray([p for p in edges if max(p) < size], np.int32),
+                          rng.integers(0, size, (10, 2), dtype=np.int32)])
+    heading = rng.integers(0, H, len(pos), dtype=np.int32)
+    one_hot = np.zeros((len(pos), H, size, size), bool)
+    one_hot[np.arange(len(pos)), heading, pos[:, 0], pos[:, 1]] = True
+    got = np.asarray(start_poses(jnp.asarray(pos), jnp.asarray(heading), size))
+    expected = np.asarray(pack(jnp.asarray(one_hot)))
+    assert got.dtype == np.uint32 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
+    assert (np.count_nonzero(got, axis=(1, 2, 3)) == 1).all()
+
+
+def test_sector_sums_equal_the_float_product():
+    """`geometry.sector_sums` (int8 operands, int32 sums) equals the float32 product it
+    replaced, converted to int16 the same way: on 0/1 layers, on soil heights up to 127, and
+    on sums past int16's range (a 25x25 window of 127s: 79,375)."""
+    from envs.geometry import sector_sums
+
+    rng = np.random.default_rng(0)
+    sectors = rng.random((3, 12, 25, 25)) < 0.3
+    sectors[0, 0] = True
+    layers = np.stack([rng.integers(0, 2, (3, 25, 25)), rng.integers(0, 128, (3, 25, 25)),
+                       rng.integers(0, 5, (3, 25, 25))], axis=1).astype(np.int8)
+    layers[0, 1] = 127
+    got = np.asarray(jax.vmap(sector_sums)(jnp.asarray(sectors), jnp.asarray(layers)))
+    product = jnp.einsum("bhij,blij->bhl", jnp.asarray(sectors, jnp.float32),
+                         jnp.asarray(layers, jnp.float32))
+    assert got.dtype == np.int16 and got.shape == (3, 12, 3)
+    np.testing.assert_array_equal(got, np.asarray(product.astype(jnp.int16)))
+    assert float(product[0, 0, 1]) == 25 * 25 * 127
+
+
 @pytest.mark.parametrize("size", [16, 32, 64])
 def test_a_dilation_equals_the_or_of_its_shifts(size):
     """`make_dilation` (runs of column shifts from doubled tables) equals the OR of one
