@@ -61,7 +61,7 @@ def pose_reach(config: EnvConfig, agent, window, sectors, w_obstacles) -> jax.Ar
     """bool [W, W]: the tiles some arm heading of this pose reaches (`sectors` bool
     [12, W, W]), minus the agent's footprint and obstacles."""
     under_agent = geo.footprint_mask(config, window, agent.base_heading)
-    return jnp.any(sectors, axis=0) & ~under_agent & (w_obstacles == 0)
+    return geo.arm_ring(config, window, sectors) & ~under_agent & (w_obstacles == 0)
 
 
 def dump_is_outside_zone_in_reach(config: EnvConfig, agent, window, sectors, workspace,

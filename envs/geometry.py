@@ -142,6 +142,18 @@ def sector_masks(config: EnvConfig, window: Window, arm_headings: jax.Array) -> 
     return in_ring & in_cone
 
 
+def arm_ring(config: EnvConfig, window: Window, sectors: jax.Array) -> jax.Array:
+    """bool [W, W]: the tiles some arm heading reaches, the OR of `sectors` (bool [12, W, W],
+    `sector_masks` of all 12 headings). Where the sectors' half angle is 20 degrees or more,
+    that is the ring itself: every direction lies within 15 degrees of a heading, far inside
+    its cone. The ring is one comparison a tile, the OR a reduce over 12 masks."""
+    if config.workspace_half_angle_deg < 20:
+        return jnp.any(sectors, axis=0)
+    r_min, r_max = config.workspace_radii
+    dist_sq = window.rel_r**2 + window.rel_c**2
+    return (dist_sq >= r_min**2) & (dist_sq <= r_max**2)
+
+
 def sector_sums(sectors: jax.Array, layers: jax.Array) -> jax.Array:
     """int16 [12, L]: the sum of each layer (int8 [L, W, W], values >= 0) over each sector
     (bool [12, W, W]), as float32 sums converted to int16 (exact: at most W^2 * 127).

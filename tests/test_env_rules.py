@@ -531,6 +531,35 @@ def test_start_poses_are_the_packed_one_hot_poses(size):
     assert (np.count_nonzero(got, axis=(1, 2, 3)) == 1).all()
 
 
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_the_arm_ring_is_the_or_of_the_twelve_sectors(size):
+    """`geometry.arm_ring` equals the OR of the 12 arm sectors at every agent position of
+    the map (windows clamped at the edges), and at a half angle below 20 degrees it is that
+    OR itself (10 degrees: gaps between the sectors)."""
+    import dataclasses
+
+    from envs import geometry as geo
+
+    config = EnvConfig(map_size=size)
+    rows, cols = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    positions = jnp.asarray(np.stack([rows.ravel(), cols.ravel()], axis=1), jnp.int32)
+
+    def both(config, pos):
+        window = geo.make_window(pos, size, config.window_radius)
+        sectors = geo.sector_masks(config, window, jnp.arange(geo.NUM_HEADINGS))
+        return geo.arm_ring(config, window, sectors), jnp.any(sectors, axis=0)
+
+    ring, union = jax.jit(jax.vmap(lambda p: both(config, p)))(positions)
+    np.testing.assert_array_equal(np.asarray(ring), np.asarray(union))
+    assert np.asarray(ring).any(axis=(1, 2)).all()
+    narrow = dataclasses.replace(config, workspace_half_angle_deg=10.0)
+    window = geo.make_window(jnp.asarray([size // 2] * 2), size, config.window_radius)
+    sectors = geo.sector_masks(narrow, window, jnp.arange(geo.NUM_HEADINGS))
+    got = np.asarray(geo.arm_ring(narrow, window, sectors))
+    np.testing.assert_array_equal(got, np.asarray(jnp.any(sectors, axis=0)))
+    assert (got != np.asarray(geo.arm_ring(config, window, sectors))).any()
+
+
 def test_sector_sums_equal_the_float_product():
     """`geometry.sector_sums` (int8 operands, int32 sums) equals the float32 product it
     replaced, converted to int16 the same way: on 0/1 layers, on soil heights up to 127, and
