@@ -488,7 +488,7 @@ class ExcavationEnv:
         return {
             "agent_state": agent_state.astype(jnp.int32),
             "agent_type": agent.agent_type,
-            "local_maps": local_maps.astype(jnp.int16),
+            "local_maps": local_maps,
             "target_map": state.target_map,
             "action_map": state.action_map,
             "obstacles": state.obstacles,

@@ -133,13 +133,18 @@ def sector_masks(config: EnvConfig, window: Window, arm_headings: jax.Array) -> 
     """bool [..., W, W]: workspace ring sectors (60 degrees wide) for each arm heading."""
     cos = jnp.asarray(COS)[arm_headings][..., None, None]
     sin = jnp.asarray(SIN)[arm_headings][..., None, None]
-    r_min, r_max = config.workspace_radii
     dist_sq = window.rel_r**2 + window.rel_c**2
     along = window.rel_c * cos - window.rel_r * sin
     half_angle_cos = math.cos(math.radians(config.workspace_half_angle_deg))
-    in_ring = (dist_sq >= r_min**2) & (dist_sq <= r_max**2)
     in_cone = (along >= 0) & (along**2 >= dist_sq * half_angle_cos**2 - BOUNDARY_MARGIN)
-    return in_ring & in_cone
+    return workspace_ring(config, window) & in_cone
+
+
+def workspace_ring(config: EnvConfig, window: Window) -> jax.Array:
+    """bool [W, W]: the window cells between the workspace's radii from its centre."""
+    r_min, r_max = config.workspace_radii
+    dist_sq = window.rel_r**2 + window.rel_c**2
+    return (dist_sq >= r_min**2) & (dist_sq <= r_max**2)
 
 
 def arm_ring(config: EnvConfig, window: Window, sectors: jax.Array) -> jax.Array:
@@ -149,9 +154,7 @@ def arm_ring(config: EnvConfig, window: Window, sectors: jax.Array) -> jax.Array
     its cone. The ring is one comparison a tile, the OR a reduce over 12 masks."""
     if config.workspace_half_angle_deg < 20:
         return jnp.any(sectors, axis=0)
-    r_min, r_max = config.workspace_radii
-    dist_sq = window.rel_r**2 + window.rel_c**2
-    return (dist_sq >= r_min**2) & (dist_sq <= r_max**2)
+    return workspace_ring(config, window)
 
 
 def sector_sums(sectors: jax.Array, layers: jax.Array) -> jax.Array:
