@@ -335,9 +335,10 @@ class ExcavationEnv:
 
     def _pose_is_free(self, window, traversable, pos, delta, heading) -> jax.Array:
         """bool []: the footprint at pos + delta with `heading` is on the map and free."""
-        covered = geo.footprint_mask(self.config, window.shifted(delta), heading)
         on_map = geo.footprint_in_map(self._extents, pos + delta, heading, self.config.map_size)
-        return on_map & ~jnp.any(covered & ~traversable)
+        clear = geo.footprint_is_clear(self.config, traversable, pos + delta - window.start,
+                                       heading)
+        return on_map & clear
 
     def _workspace(self, agent: AgentState, window, w_obstacles, arm_sector=None) -> jax.Array:
         """bool [W, W]: tiles the arm reaches, minus the agent's own footprint and obstacles.

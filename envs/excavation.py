@@ -47,6 +47,17 @@ def picks_up(workspace, w_target, w_action, dig_first: bool, pickable=True) -> j
     return soil & ~jnp.any(diggable(workspace, w_target, w_action))
 
 
+def next_to(tiles) -> jax.Array:
+    """int8 [W, W]: 1 on `tiles` (int8 [W, W], 0 or 1) and their 8 neighbours.
+
+    The 3x3 max as a 3x1 max then a 1x3 max: on XLA:CPU the 3x3 `reduce_window` took 8.8 ms
+    over 2,048 windows of 25x25 against 1.0 ms, and the 64x64 env step (64 envs x 32 steps,
+    one core) 0.0685 against 0.0604 s with the rules, 0.0347 against 0.0309 s without.
+    Nine (or 3 + 3) shifted slices were slower than either in the step."""
+    rows = jax.lax.reduce_window(tiles, jnp.int8(0), jax.lax.max, (3, 1), (1, 1), "SAME")
+    return jax.lax.reduce_window(rows, jnp.int8(0), jax.lax.max, (1, 3), (1, 1), "SAME")
+
+
 def dig_and_dump(
     workspace, w_target, w_action, w_dump, loaded, dig_first: bool = True, pickable=True
 ) -> dict[str, jax.Array]:
@@ -64,7 +75,7 @@ def dig_and_dump(
     lowered = jnp.where(picked_up, soil, diggable(workspace, w_target, w_action))
     # Tiles next to newly dug ground can no longer take soil.
     newly_dug = (lowered & ~picked_up).astype(jnp.int8)
-    near_dug = jax.lax.reduce_window(newly_dug, jnp.int8(0), jax.lax.max, (3, 3), (1, 1), "SAME")
+    near_dug = next_to(newly_dug)
     on_zone = w_target == 1
 
     allowed = dumpable(workspace, w_target, w_action, w_dump)

@@ -9,6 +9,7 @@ centre, so no per-heading mask tables and no traced `jnp.roll` are needed.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -119,6 +120,31 @@ def footprint_mask(config: EnvConfig, window: Window, heading: jax.Array) -> jax
     return (jnp.abs(along) <= config.footprint_length / 2 + BOUNDARY_MARGIN) & (
         jnp.abs(across) <= config.footprint_width / 2 + BOUNDARY_MARGIN
     )
+
+
+@functools.cache
+def footprint_boxes(config: EnvConfig) -> np.ndarray:
+    """bool [12, 2R + 1, 2R + 1], R = ceil(`footprint_radius`): each base heading's footprint
+    around its centre tile (the tiles `footprint_mask` covers)."""
+    radius = math.ceil(config.footprint_radius)
+    offsets = np.arange(-radius, radius + 1, dtype=np.float64)
+    return np.stack([_footprint_np(config, offsets[:, None], offsets[None, :], heading)
+                     for heading in range(NUM_HEADINGS)])
+
+
+def footprint_is_clear(config: EnvConfig, traversable: jax.Array, centre: jax.Array,
+                       heading: jax.Array) -> jax.Array:
+    """bool []: the footprint with `heading` centred on window cell `centre` int32 [2]
+    covers no window tile outside `traversable` (bool [W, W]). Tiles beyond the window do
+    not count: a caller checks the map's edge (`footprint_in_map`).
+
+    Reads the footprint's box, not the window: `footprint_mask` over the 25x25 window for
+    the mask's four candidate poses and the step's one cost a 64x64 env step (64 envs x 32
+    steps, one core) 0.0607 against 0.0587 s with the rules; 16x16 0.0141 against 0.0128."""
+    radius = math.ceil(config.footprint_radius)
+    padded = jnp.pad(traversable, radius, constant_values=True)  # box corner = centre
+    cells = jax.lax.dynamic_slice(padded, (centre[0], centre[1]), (2 * radius + 1,) * 2)
+    return ~jnp.any(jnp.asarray(footprint_boxes(config))[heading] & ~cells)
 
 
 def footprint_in_map(

@@ -6,6 +6,8 @@ Hand-built 32x32 states as in test_env_actions."""
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -820,3 +822,56 @@ def test_a_final_observation_carries_the_refusals_of_its_own_state(refusing_env,
     stale = dict(last_obs, refused_digs=jnp.zeros_like(last_obs["refused_digs"]))
     assert not np.array_equal(np.asarray(dig_distance_features(stale)),
                               np.asarray(dig_distance_features(training)))
+
+
+@pytest.mark.parametrize("size", [16, 32, 64])
+def test_the_footprint_box_test_equals_the_window_test(size):
+    """`geometry.footprint_is_clear` (the footprint's box, read from the window padded with
+    traversable tiles) equals the window-wide test it replaced, `footprint_mask` over the
+    window shifted to the candidate's centre: every heading, every centre within reach of a
+    move (the window clamped at the map's corner, so some boxes stick out of it), on
+    random traversable tiles, and on windows free but for one tile."""
+    from envs import geometry as geo
+
+    config = EnvConfig(map_size=size)
+    radius, reach = config.window_radius, config.move_step + math.ceil(config.footprint_radius)
+    width = 2 * radius + 1
+    rng = np.random.default_rng(size)
+    traversable = rng.random((8, width, width)) > 0.1
+    traversable[4:] = True
+    traversable[4:, radius, radius + 2] = False  # a single blocked tile beside the agent
+    agent = (2, radius)  # near the map's top edge: the window starts at row 0
+    offsets = range(-config.move_step, config.move_step + 1)
+
+    def both(trav, pos, delta, heading):
+        window = geo.make_window(pos, size, radius)
+        covered = geo.footprint_mask(config, window.shifted(delta), heading)
+        old = ~jnp.any(covered & ~trav)
+        return old, geo.footprint_is_clear(config, trav, pos + delta - window.start, heading)
+
+    cases = [(t, (r, c), (dr, dc), h) for t in range(8) for r, c in ((radius, radius), agent)
+             for dr in offsets for dc in offsets for h in range(12)]
+    args = [jnp.asarray(np.stack(x)) for x in zip(*[
+        (traversable[t], np.array(p, np.int32), np.array(d, np.int32), np.int32(h))
+        for t, p, d, h in cases], strict=True)]
+    old, new = jax.jit(jax.vmap(both))(*args)
+    np.testing.assert_array_equal(np.asarray(new), np.asarray(old))
+    assert np.asarray(old).any() and not np.asarray(old).all()
+    assert reach <= radius
+    assert geo.footprint_boxes(config).shape == (12, 2 * math.ceil(config.footprint_radius) + 1,
+                                                 2 * math.ceil(config.footprint_radius) + 1)
+
+
+def test_next_to_is_the_three_by_three_max():
+    """`excavation.next_to` (a 3x1 then a 1x3 max) equals the 3x3 max it replaced, with dug
+    tiles on the window's edges and corners."""
+    from envs import excavation
+
+    rng = np.random.default_rng(7)
+    tiles = (rng.random((16, 25, 25)) < 0.15).astype(np.int8)
+    tiles[0, 0, 0] = tiles[0, -1, -1] = tiles[1, 0, :] = tiles[2, :, -1] = 1
+    got = jax.jit(jax.vmap(excavation.next_to))(jnp.asarray(tiles))
+    expected = jax.vmap(lambda t: jax.lax.reduce_window(
+        t, jnp.int8(0), jax.lax.max, (3, 3), (1, 1), "SAME"))(jnp.asarray(tiles))
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    assert np.asarray(got).dtype == np.int8
