@@ -138,9 +138,10 @@ def footprint_is_clear(config: EnvConfig, traversable: jax.Array, centre: jax.Ar
     covers no window tile outside `traversable` (bool [W, W]). Tiles beyond the window do
     not count: a caller checks the map's edge (`footprint_in_map`).
 
-    Reads the footprint's box, not the window: `footprint_mask` over the 25x25 window for
-    the mask's four candidate poses and the step's one cost a 64x64 env step (64 envs x 32
-    steps, one core) 0.0607 against 0.0587 s with the rules; 16x16 0.0141 against 0.0128."""
+    Reads the footprint's box, not the window. With `footprint_mask` over the 25x25 window
+    for the mask's four candidate poses and the step's one, the 64x64 env step with the rules
+    (64 envs x 32 steps, one core) took 0.0607 s against 0.0587 s with the box; at 16x16
+    0.0141 against 0.0128 s."""
     radius = math.ceil(config.footprint_radius)
     padded = jnp.pad(traversable, radius, constant_values=True)  # box corner = centre
     cells = jax.lax.dynamic_slice(padded, (centre[0], centre[1]), (2 * radius + 1,) * 2)
