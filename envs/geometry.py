@@ -41,14 +41,12 @@ def move_displacements(move_step: int) -> np.ndarray:
 
 def footprint_extents(config: EnvConfig) -> np.ndarray:
     """int32 [12, 2]: the largest |row| and |col| offset of a footprint tile per heading."""
-    radius = math.ceil(config.footprint_radius)
-    offsets = np.arange(-radius, radius + 1, dtype=np.float64)
-    rel_r, rel_c = offsets[:, None], offsets[None, :]
+    boxes = footprint_boxes(config)
+    radius = boxes.shape[-1] // 2
     extents = np.zeros((NUM_HEADINGS, 2), np.int32)
-    for heading in range(NUM_HEADINGS):
-        inside = _footprint_np(config, rel_r, rel_c, heading)
+    for heading, inside in enumerate(boxes):
         rows, cols = np.nonzero(inside)
-        extents[heading] = (np.abs(offsets[rows]).max(), np.abs(offsets[cols]).max())
+        extents[heading] = (np.abs(rows - radius).max(), np.abs(cols - radius).max())
     return extents
 
 
@@ -128,8 +126,10 @@ def footprint_boxes(config: EnvConfig) -> np.ndarray:
     around its centre tile (the tiles `footprint_mask` covers)."""
     radius = math.ceil(config.footprint_radius)
     offsets = np.arange(-radius, radius + 1, dtype=np.float64)
-    return np.stack([_footprint_np(config, offsets[:, None], offsets[None, :], heading)
-                     for heading in range(NUM_HEADINGS)])
+    boxes = np.stack([_footprint_np(config, offsets[:, None], offsets[None, :], heading)
+                      for heading in range(NUM_HEADINGS)])
+    boxes.flags.writeable = False  # cached: shared by every caller
+    return boxes
 
 
 def footprint_is_clear(config: EnvConfig, traversable: jax.Array, centre: jax.Array,

@@ -43,13 +43,10 @@ def _offsets(mask: np.ndarray, radius: int) -> tuple[tuple[int, int], ...]:
 
 
 def footprint_offsets(config: EnvConfig) -> tuple[tuple[tuple[int, int], ...], ...]:
-    """Per base heading, the (row, col) offsets of the footprint tiles from its centre."""
-    radius = math.ceil(config.footprint_radius)
-    cells = np.arange(-radius, radius + 1, dtype=np.float64)
-    return tuple(
-        _offsets(geo._footprint_np(config, cells[:, None], cells[None, :], heading), radius)
-        for heading in range(H)
-    )
+    """Per base heading, the (row, col) offsets of the footprint tiles from its centre
+    (`geometry.footprint_boxes`)."""
+    boxes = geo.footprint_boxes(config)
+    return tuple(_offsets(box, boxes.shape[-1] // 2) for box in boxes)
 
 
 @functools.cache
