@@ -11,7 +11,9 @@ steps_per_second) and `--trace DIR` (a `jax.profiler` trace of three
 full updates, for TensorBoard or Perfetto, with the compiled update's HLO as
 `update.hlo.txt`: `scripts/trace_top_ops.py DIR` names the ops that take the time).
 With `--init_params RUN_DIR` the policy's sections and the full update take that run's
-policy's actions (a trained policy digs and dumps more often than an untrained one).
+policy's actions (a trained policy digs and dumps more often than an untrained one), and so do
+`env_step_policy` and `env_step_policy_without_rules`: the rollout's actions replayed with and
+without the rules.
 Sections: see `terra_rl/perf/profiling.py`. Bad input exits 2 with one line.
 """
 

@@ -6,6 +6,8 @@ one pass or take many."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +169,31 @@ def test_a_timed_out_env_carries_the_refusals_of_its_last_state(agent_type):
         final = info["final_observation"]
         np.testing.assert_array_equal(np.asarray(final["refused_digs"]), expected)
         assert np.asarray(final["action_mask"][0]).all()  # no action follows a last state
+
+
+def test_the_rules_change_what_a_step_observes_not_what_it_does(env):
+    """The profiler replays a policy's actions in the env without the rules (no mask, no
+    refusals) to time what the rules add (`terra_rl.perf.profiling`, `env_step_policy`): the
+    same actions from the same reset give the same rewards, ends and states, refusals aside,
+    along a random rollout of both excavator types with resets."""
+    plain = ExcavationEnv(dataclasses.replace(env.config, compute_action_mask=False,
+                                              remember_refused_digs=False))
+
+    def run(env):
+        batch = BatchEnv(env, small.small_params(), NUM_ENVS)
+
+        def body(state, key):
+            key_action, key_step = jax.random.split(key)
+            actions = jax.random.randint(key_action, (NUM_ENVS,), 0, A.NUM_ACTIONS)
+            _, state, reward, terminated, truncated, _ = batch.step(key_step, state, actions)
+            return state, (reward, terminated, truncated,
+                           state.replace(refused_digs=jnp.zeros((), bool)))
+
+        _, state = batch.reset(jax.random.PRNGKey(5))
+        return jax.lax.scan(body, state, jax.random.split(jax.random.PRNGKey(6), STEPS))[1]
+
+    with_rules, without = (jax.jit(lambda e=e: run(e))() for e in (env, plain))
+    reward, terminated, truncated, _ = with_rules
+    assert (terminated | truncated).any() and np.asarray(reward != 0).any()
+    for a, b in zip(jax.tree.leaves(with_rules), jax.tree.leaves(without), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -24,7 +24,8 @@ from test_trainer import load_script
 from terra_rl.validation.small import PLAIN_ENV_FLAGS, SMOKE_FIELDS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_rollout_components.py"
-SECTIONS = ["env_step", "env_step_without_rules", "policy_forward", "derived_inputs", "network",
+SECTIONS = ["env_step", "env_step_without_rules", "env_step_policy",
+            "env_step_policy_without_rules", "policy_forward", "derived_inputs", "network",
             "rollout", "gae", "minibatch_gradient", "optimizer_apply", "full_update",
             "host_overhead"]
 
@@ -68,6 +69,10 @@ def test_profile_reports_every_section_on_one_scale(tmp_path):
     # cpu_demo masks its actions: the step without the rules, timed in the same rounds.
     ratio = sections["env_step"]["seconds"] / sections["env_step_without_rules"]["seconds"]
     assert f"env step with the rules / without: {ratio:.2f}x" in table
+    # And the policy's actions, replayed with and without the rules.
+    ratio = (sections["env_step_policy"]["seconds"]
+             / sections["env_step_policy_without_rules"]["seconds"])
+    assert f"env step with the rules / without, the policy's actions: {ratio:.2f}x" in table
     assert record["runtime"]["backend"] == "cpu"
 
     # The trace of 2 dispatches of 2 updates, read by trace_top_ops.py: its device ops are the
@@ -123,11 +128,16 @@ def test_the_table_gives_the_env_steps_ratio_with_and_without_the_rules():
     from terra_rl.perf.profiling import Section, format_table
 
     sections = [Section("env_step", 0.25, 1, 2048), Section("env_step_without_rules", 0.1, 1, 2048),
+                Section("env_step_policy", 0.4, 1, 2048),
+                Section("env_step_policy_without_rules", 0.125, 1, 2048),
                 Section("full_update", 0.5, 1, 2048)]
     table = format_table(sections)
-    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:-1]}
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:-2]}
     assert rows["env_step_without_rules"][-2:] == ["20,480", "250.0%"]
-    assert table.splitlines()[-1] == "env step with the rules / without: 2.50x"
+    assert rows["env_step_policy"][-2:] == ["5,120", "62.5%"]
+    assert table.splitlines()[-2:] == [
+        "env step with the rules / without: 2.50x",
+        "env step with the rules / without, the policy's actions: 3.20x"]
 
 
 def test_init_params_without_a_checkpoint_is_one_line(tmp_path, capsys):

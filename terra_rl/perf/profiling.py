@@ -8,6 +8,11 @@ the trainer's pmapped update on `num_devices`):
                         observations and action mask included
     env_step_without_rules  the same with the action mask and the refused-dig memory off
                         (only where the config has either), in the same rounds
+    env_step_policy     `num_steps` batched env steps taking the actions the policy took in
+                        the `rollout` section's rollout, replayed from the same states: what
+                        the rollout's env step costs (a policy digs and dumps more often than
+                        random actions, and each DO it may take runs the cut-off fill)
+    env_step_policy_without_rules  those actions replayed without the rules, as above
     policy_forward      `num_steps` policy forward passes on a batch of observations,
                         with the parameter-free features the rollout computes (compass,
                         dig and pose distances), the rollout's observation cache (the
@@ -136,14 +141,14 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 
         def record(_, step: Step):
             obs, value = step.choice.kept
-            return None, (obs, step.result.reward, value)
+            return None, (obs, step.result.reward, value, step.choice.action)
 
         noise = ppo.rollout_noise(key, steps, envs, env.num_actions)
         return rollout(env, env_params, choose, record, RolloutCarry(state, obs, None), noise,
                        cache=cache)
 
-    _, (observations, rewards, values) = policy_rollout(params, jax.random.PRNGKey(2),
-                                                        env_state, obs)
+    _, (observations, rewards, values, actions) = policy_rollout(
+        params, jax.random.PRNGKey(2), env_state, obs)
     derive = functools.partial(with_derived_features, policy)
 
     @jax.jit
@@ -181,9 +186,13 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 
     key = jax.random.PRNGKey(3)
     minibatch_steps = config.update_epochs * config.num_minibatches
+    env_replay = _make_env_replay(env, steps)
     timed = {"env_step": (lambda: env_only(key, env_state, obs, env_params), 1)}
+    policy_env_step = (lambda: env_replay(key, env_state, obs, env_params, actions), 1)
     if config.use_action_mask or config.remember_refused_digs:
-        timed |= _env_step_without_rules(config, steps, key)
+        timed |= _env_steps_without_rules(config, steps, key, actions, policy_env_step)
+    else:
+        timed["env_step_policy"] = policy_env_step
     timed |= {
         "policy_forward": (lambda: forward_only(params, observations), 1),
         "derived_inputs": (lambda: derived_only(observations), 1),
@@ -223,30 +232,57 @@ def _make_env_only(env, steps: int):
             key_action, key_env = jax.random.split(key)
             return Choice(jax.random.randint(key_action, (envs,), 0, env.num_actions), key_env)
 
-        def record(_, step: Step):
-            # A sum of every observation, so XLA cannot drop the work that builds them
-            # (the action mask's rules among it), as nothing else reads them here.
-            obs = step.result.observation
-            checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
-            return None, step.result.reward.sum() + checksum
-
         carry = RolloutCarry(state, obs, None)
-        return rollout(env, env_params, choose, record, carry, jax.random.split(key, steps))
+        return rollout(env, env_params, choose, _checksum, carry, jax.random.split(key, steps))
 
     return env_only
 
 
-def _env_step_without_rules(config: TrainConfig, steps: int, key: jax.Array
-                            ) -> dict[str, tuple[Callable[[], Any], int]]:
-    """The section `env_step_without_rules`: `env_step` with the action mask and the
+def _make_env_replay(env, steps: int):
+    """Jitted `(key, state, obs, env_params, actions) -> sum`: `steps` batched steps of `env`
+    taking `actions` int32 [steps, num_envs], every observation summed (`_make_env_only`'s
+    sum)."""
+
+    @jax.jit
+    def env_replay(key, state, obs, env_params, actions):
+        def choose(_, obs, noise) -> Choice:
+            action, key_env = noise
+            return Choice(action, key_env)
+
+        carry = RolloutCarry(state, obs, None)
+        noise = (actions, jax.random.split(key, steps))
+        return rollout(env, env_params, choose, _checksum, carry, noise)
+
+    return env_replay
+
+
+def _checksum(_, step: Step):
+    """A `rollout` record: the sum of the step's rewards and of every observation leaf, so
+    XLA cannot drop the work that builds them (the action mask's rules among it), as nothing
+    else reads them here."""
+    obs = step.result.observation
+    checksum = sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(obs))
+    return None, step.result.reward.sum() + checksum
+
+
+def _env_steps_without_rules(config: TrainConfig, steps: int, key: jax.Array,
+                             actions: jax.Array, policy_env_step
+                             ) -> dict[str, tuple[Callable[[], Any], int]]:
+    """The sections `env_step_without_rules`, `env_step` with the action mask and the
     refused-dig memory off (`--disable_action_mask --disable_remember_refused_digs`), the
-    same maps and excavators, timed in the same rounds as `env_step`, so that their ratio
-    sees one drift of the machine."""
+    same maps and excavators, and `env_step_policy_without_rules`, the policy's `actions`
+    int32 [steps, num_envs] replayed from the same states (the rules change what a step
+    observes, not what it does), each after its counterpart (`policy_env_step` is
+    `env_step_policy`'s call): timed in the same rounds, so that each ratio sees one drift
+    of the machine."""
     plain = dataclasses.replace(config, use_action_mask=False, remember_refused_digs=False)
     env, _ = make_train_envs(plain)
     obs, state = jax.jit(lambda key: env.reset(key, env.params))(jax.random.PRNGKey(1))
-    env_only = _make_env_only(env, steps)
-    return {"env_step_without_rules": (lambda: env_only(key, state, obs, env.params), 1)}
+    env_only, env_replay = _make_env_only(env, steps), _make_env_replay(env, steps)
+    return {"env_step_without_rules": (lambda: env_only(key, state, obs, env.params), 1),
+            "env_step_policy": policy_env_step,
+            "env_step_policy_without_rules": (
+                lambda: env_replay(key, state, obs, env.params, actions), 1)}
 
 
 def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any], int]]:
@@ -268,17 +304,22 @@ def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any]
 
 def format_table(sections: list[Section]) -> str:
     env_rate = next(s.steps_per_second for s in sections if s.name == "env_step")
-    lines = [f"{'section':<24} {'s/call':>10} {'calls':>6} {'s/update':>10} "
+    width = max(24, *(len(s.name) for s in sections))
+    lines = [f"{'section':<{width}} {'s/call':>10} {'calls':>6} {'s/update':>10} "
              f"{'env steps/s':>12} {'vs env':>7}"]
     for s in sections:
-        row = f"{s.name:<24} {s.seconds:10.5f} {s.calls_per_update:6d} {s.seconds_per_update:10.5f}"
+        row = (f"{s.name:<{width}} {s.seconds:10.5f} {s.calls_per_update:6d} "
+               f"{s.seconds_per_update:10.5f}")
         if s.name != "host_overhead":  # an extra cost of logged updates, not a path's rate
             row += f" {s.steps_per_second:12,.0f} {s.steps_per_second / env_rate:7.1%}"
         lines.append(row)
-    without = [s for s in sections if s.name == "env_step_without_rules"]
-    if without:
-        ratio = without[0].steps_per_second / env_rate
+    rates = {s.name: s.steps_per_second for s in sections}
+    if "env_step_without_rules" in rates:
+        ratio = rates["env_step_without_rules"] / env_rate
         lines.append(f"env step with the rules / without: {ratio:.2f}x")
+    if {"env_step_policy", "env_step_policy_without_rules"} <= rates.keys():
+        ratio = rates["env_step_policy_without_rules"] / rates["env_step_policy"]
+        lines.append(f"env step with the rules / without, the policy's actions: {ratio:.2f}x")
     return "\n".join(lines)
 
 
