@@ -10,8 +10,8 @@ the trainer's pmapped update on `num_devices`):
                         (only where the config has either), in the same rounds
     env_step_policy     `num_steps` batched env steps taking the actions the policy took in
                         the `rollout` section's rollout, replayed from the same states: what
-                        the rollout's env step costs (a policy digs and dumps more often than
-                        random actions, and each DO it may take runs the cut-off fill)
+                        the rollout's env step costs (a trained policy digs and dumps more often
+                        than random actions, and each DO it may take runs the cut-off fill)
     env_step_policy_without_rules  those actions replayed without the rules, as above
     policy_forward      `num_steps` policy forward passes on a batch of observations,
                         with the parameter-free features the rollout computes (compass,
