@@ -136,7 +136,7 @@ profile)
     timeout 150 "$py" scripts/euler/check_jax_runtime.py --platform "$platform" \
         --min-devices 1 ${smoke[@]+"${smoke[@]}"} --json "$out/preflight.json"
     step "component profile of solo_excavator, with a trace of 3 updates"
-    timeout 300 "$py" scripts/profile_rollout_components.py --config solo_excavator \
+    timeout 240 "$py" scripts/profile_rollout_components.py --config solo_excavator \
         --num_devices 1 ${shape[@]+"${shape[@]}"} --repeats 5 --json "$out/profile.json" \
         --trace "$work/trace"
     "$py" scripts/trace_top_ops.py "$work/trace" --top 25 --json "$out/top_ops.json"

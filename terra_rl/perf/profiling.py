@@ -104,8 +104,6 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, config.use_action_mask)
 
-    env_only = _make_env_only(env, steps)
-
     # What the rollout keeps from step to step for the policy's inputs (the distances'
     # goals), refreshed along the stored observations as the rollout does.
     cache = make_observation_cache(policy, envs)
@@ -186,13 +184,19 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 
     key = jax.random.PRNGKey(3)
     minibatch_steps = config.update_epochs * config.num_minibatches
+    # Each env step section replays an action array: random actions, then the policy's.
+    random_actions = jax.random.randint(jax.random.PRNGKey(4), actions.shape, 0,
+                                        env.num_actions)
     env_replay = _make_env_replay(env, steps)
-    timed = {"env_step": (lambda: env_only(key, env_state, obs, env_params), 1)}
-    policy_env_step = (lambda: env_replay(key, env_state, obs, env_params, actions), 1)
+    plain = None
     if config.use_action_mask or config.remember_refused_digs:
-        timed |= _env_steps_without_rules(config, steps, key, actions, policy_env_step)
-    else:
-        timed["env_step_policy"] = policy_env_step
+        plain = _env_without_rules(config, steps)
+    timed = {}
+    for name, replayed in (("env_step", random_actions), ("env_step_policy", actions)):
+        timed[name] = (functools.partial(env_replay, key, env_state, obs, env_params, replayed),
+                       1)
+        if plain is not None:  # in the same rounds, so that each ratio sees one drift
+            timed[f"{name}_without_rules"] = (functools.partial(plain, key, replayed), 1)
     timed |= {
         "policy_forward": (lambda: forward_only(params, observations), 1),
         "derived_inputs": (lambda: derived_only(observations), 1),
@@ -221,27 +225,10 @@ def profile_update(config: TrainConfig, repeats: int = 5, init_params: Any = Non
 _DISPATCHES = ("full_update", "logged_dispatch")
 
 
-def _make_env_only(env, steps: int):
-    """Jitted `(key, state, obs, env_params) -> sum`: `steps` batched steps of `env` with
-    random actions, every observation summed."""
-    envs = env.num_envs
-
-    @jax.jit
-    def env_only(key, state, obs, env_params):
-        def choose(_, obs, key) -> Choice:
-            key_action, key_env = jax.random.split(key)
-            return Choice(jax.random.randint(key_action, (envs,), 0, env.num_actions), key_env)
-
-        carry = RolloutCarry(state, obs, None)
-        return rollout(env, env_params, choose, _checksum, carry, jax.random.split(key, steps))
-
-    return env_only
-
-
 def _make_env_replay(env, steps: int):
     """Jitted `(key, state, obs, env_params, actions) -> sum`: `steps` batched steps of `env`
-    taking `actions` int32 [steps, num_envs], every observation summed (`_make_env_only`'s
-    sum)."""
+    taking `actions` int32 [steps, num_envs], every observation summed (`_checksum`). One
+    compiled rollout per env serves both action arrays (random and the policy's)."""
 
     @jax.jit
     def env_replay(key, state, obs, env_params, actions):
@@ -265,24 +252,18 @@ def _checksum(_, step: Step):
     return None, step.result.reward.sum() + checksum
 
 
-def _env_steps_without_rules(config: TrainConfig, steps: int, key: jax.Array,
-                             actions: jax.Array, policy_env_step
-                             ) -> dict[str, tuple[Callable[[], Any], int]]:
-    """The sections `env_step_without_rules`, `env_step` with the action mask and the
-    refused-dig memory off (`--disable_action_mask --disable_remember_refused_digs`), the
-    same maps and excavators, and `env_step_policy_without_rules`, the policy's `actions`
-    int32 [steps, num_envs] replayed from the same states (the rules change what a step
-    observes, not what it does), each after its counterpart (`policy_env_step` is
-    `env_step_policy`'s call): timed in the same rounds, so that each ratio sees one drift
-    of the machine."""
+def _env_without_rules(config: TrainConfig, steps: int) -> Callable[..., jax.Array]:
+    """`replay(key, actions)`: `_make_env_replay`'s sum for the env of `config` with the
+    action mask and the refused-dig memory off (`--disable_action_mask
+    --disable_remember_refused_digs`), from the same reset states: the same maps and
+    excavators, and, as the rules change what a step observes, not what it does, the same
+    steps for the same actions (the sections `env_step_without_rules` and
+    `env_step_policy_without_rules`)."""
     plain = dataclasses.replace(config, use_action_mask=False, remember_refused_digs=False)
     env, _ = make_train_envs(plain)
     obs, state = jax.jit(lambda key: env.reset(key, env.params))(jax.random.PRNGKey(1))
-    env_only, env_replay = _make_env_only(env, steps), _make_env_replay(env, steps)
-    return {"env_step_without_rules": (lambda: env_only(key, state, obs, env.params), 1),
-            "env_step_policy": policy_env_step,
-            "env_step_policy_without_rules": (
-                lambda: env_replay(key, state, obs, env.params, actions), 1)}
+    env_replay = _make_env_replay(env, steps)
+    return lambda key, actions: env_replay(key, state, obs, env.params, actions)
 
 
 def _update_calls(trainer: Trainer, runner) -> dict[str, tuple[Callable[[], Any], int]]:
