@@ -12,6 +12,11 @@
 #   OUT_DIR=out bash scripts/gpu_checks.sh speed [PRESET]                 (<= 5 minutes)
 #       The preset's own shape (default solo_excavator), cold cache: seconds to the first
 #       update and to the eval's compile, and steady env steps/s (scripts/benchmark_train.py).
+#   OUT_DIR=out bash scripts/gpu_checks.sh xla [PRESET]                   (<= 9 minutes)
+#       XLA_FLAGS A/Bs at the preset's shape, each with a cold cache of its own: the cold
+#       start (seconds to the first update and to the eval's compile) as set by
+#       scripts/euler/env.sh and with GPU autotuning off, then steady env steps/s as set and
+#       with while loops and conditionals recorded into CUDA graphs (command buffers).
 #   OUT_DIR=out bash scripts/gpu_checks.sh environment                    (<= 1 minute)
 #       The stack the other modes run on: the GPU, the Python chosen and its packages.
 #   OUT_DIR=out bash scripts/gpu_checks.sh profile                        (<= 9 minutes)
@@ -24,13 +29,14 @@
 # under a temporary folder. BUDGET_S overrides the mode's wall-time budget. PLATFORM=cpu and
 # SHAPE="--num_envs_per_device 8 --eval_episodes 8" try the script on a CPU at a small shape.
 set -uo pipefail
-usage="usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | profile | environment"
+usage="usage: gpu_checks.sh train PRESET SEED [FLAGS...] | speed [PRESET] | xla [PRESET] | profile |
+    environment"
 mode=${1:?$usage}
 shift
 case $mode in
-train | speed | profile | environment) ;;
+train | speed | xla | profile | environment) ;;
 *)
-    echo "gpu_checks.sh: error: unknown mode '$mode'; use train, speed, profile or environment" >&2
+    echo "gpu_checks.sh: error: unknown mode '$mode'; use train, speed, xla, profile or environment" >&2
     exit 2
     ;;
 esac
@@ -126,6 +132,59 @@ figures = {'cold_start': parse_log(open('$out/speed_start.log').read()),
            'benchmark': bench}
 json.dump(figures, open('$out/speed.json', 'w'), indent=2)
 print(json.dumps({k: figures[k] for k in ('cold_start', 'steady')}, indent=2))"
+    ;;
+xla)
+    budget=${BUDGET_S:-520}
+    preset=${1:-solo_excavator}
+    environment | tee "$out/environment.txt"
+    set_flags=${XLA_FLAGS:-}
+    joined() { echo "$1${1:+${2:+ }}$2"; }  # XLA reads a value without "--" as a file name
+    sets=(--set num_devices=1)
+    [[ $platform == cpu ]] && sets+=(--set num_envs_per_device=8 --set eval_episodes=8)
+    # name|extra XLA flags: cold starts (3 updates and an eval), then steady benchmarks
+    starts=("as_set|" "autotune_off|--xla_gpu_autotune_level=0")
+    graphs="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+    steadies=("as_set|" "graphs|$graphs" "graphs_min1|$graphs --xla_gpu_graph_min_graph_size=1")
+    start_names=() steady_names=()
+    for entry in "${starts[@]}"; do
+        name=${entry%%|*} extra=${entry#*|}
+        start_names+=("$name")
+        step "$preset: cold start, $name (XLA_FLAGS: ${extra:-as set})"
+        XLA_FLAGS=$(joined "$set_flags" "$extra") timeout 150 "$py" train_mixed.py --config "$preset" \
+            --num_devices 1 --max_updates 3 --log_eval_interval 3 --runs_dir "$work/runs" \
+            --run_name "start_$name" --compilation_cache_dir "$work/cache_start_$name" \
+            ${shape[@]+"${shape[@]}"} 2>&1 | grep -v "^W0000\|^I0000" \
+            | tee "$out/xla_start_$name.log" | tail -4
+    done
+    for entry in "${steadies[@]}"; do
+        name=${entry%%|*} extra=${entry#*|}
+        steady_names+=("$name")
+        step "$preset: steady env steps/s, $name (XLA_FLAGS: ${extra:-as set})"
+        XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $(($(left) < 100 ? $(left) - 5 : 100)) "$py" \
+            scripts/benchmark_train.py --config "$preset" "${sets[@]}" --updates 20 \
+            --compilation-cache-dir "$work/cache_steady_$name" \
+            --json "$out/xla_steady_$name.json" 2>&1 | grep -v "^W0000\|^I0000" | tail -3
+    done
+    OUT=$out STARTS="${start_names[*]}" STEADIES="${steady_names[*]}" "$py" -c "
+import json, os
+from terra_rl.analysis.run_summary import parse_log
+out = os.environ['OUT']
+def names(key):
+    return os.environ[key].split()
+def read(path, parse):
+    try:
+        return parse(open(path).read())
+    except (OSError, ValueError) as error:
+        return {'error': str(error)}
+figures = {
+    'cold_start': {name: read(f'{out}/xla_start_{name}.log', parse_log) for name in names('STARTS')},
+    'steady': {name: read(f'{out}/xla_steady_{name}.json', lambda text: {
+        key: json.loads(text).get(key) for key in ('steps_per_second', 'seconds_per_update',
+                                                   'compile_seconds')}) for name in names('STEADIES')},
+    'xla_flags_as_set': os.environ.get('XLA_FLAGS', ''),
+}
+json.dump(figures, open(f'{out}/xla.json', 'w'), indent=2)
+print(json.dumps(figures, indent=2))"
     ;;
 profile)
     budget=${BUDGET_S:-520}

@@ -541,6 +541,6 @@ def test_gpu_checks_refuses_an_unknown_mode_before_making_anything(tmp_path):
                             env=env, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "gpu_checks.sh: error: unknown mode 'benchmark'; use train, speed, profile or "
+        "gpu_checks.sh: error: unknown mode 'benchmark'; use train, speed, xla, profile or "
         "environment"]
     assert not (tmp_path / "out").exists()
