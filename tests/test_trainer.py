@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import re
 import sys
@@ -331,6 +332,33 @@ def test_best_checkpoint_is_kept_at_any_eval_that_improves(tiny_trainer, tmp_pat
     assert store.all_steps() == [TINY_UPDATES]
     assert store.best_step() == best_update and store.best_value == max(values)
     assert store.metrics(best_update)[config.best_metric] == max(values)
+
+
+def test_the_update_compiles_beside_the_init_to_the_same_run(tiny_trainer, tmp_path,
+                                                              capsys):
+    """`Trainer.update_beside_init` (the default on an accelerator, forced here on the CPU):
+    the update compiles on a thread of its own while the init compiles, the log says so,
+    and the run logs the same records as the shared trainer's, whose update compiled after
+    the init."""
+    trainer = build_trainer(tiny_config(), max_traces=1)
+    trainer.update_beside_init = True
+    assert trainer.compiles_update_beside_init() and not tiny_trainer.compiles_update_beside_init()
+    capsys.readouterr()
+    run_train(trainer, tmp_path / "beside", stop_after=2)
+    out = capsys.readouterr().out
+    assert re.search(r"first update after \d+\.\d s \(init \d+\.\d s, the update compiling "
+                     r"beside it\)", out), out
+    assert trainer.update_compile_future is None and trainer.trace_counts["update"] == 1
+    assert trainer.compile_seconds > 0
+    run_train(tiny_trainer, tmp_path / "after", stop_after=2)
+
+    def records(run):  # as JSON text: NaN equals NaN
+        return [json.dumps({k: v for k, v in r.items()
+                            if not k.startswith(("performance/", "wall_time"))}, sort_keys=True)
+                for r in read_metrics(tmp_path / run / "metrics.jsonl")]
+
+    assert records("beside") == records("after")
+    assert len(records("beside")) >= 3  # the baseline eval, two updates' train logs
 
 
 def test_the_eval_compiles_beside_the_first_updates(tiny_trainer, tmp_path, capsys):

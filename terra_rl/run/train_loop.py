@@ -121,18 +121,24 @@ def train(
         state_note = f"restore {time.perf_counter() - setup_start:.1f} s"
     else:
         beside = jax.process_count() == 1
+        compiling = beside and trainer.compiles_update_beside_init()
         if beside:
             # The init compiles on another thread while this one lowers the update from the
-            # init's output shapes; the update compiles after the init's compile, whose
-            # memory is freed by then (docs/PERFORMANCE.md). pmap lowers host-local shapes
-            # of one process only.
+            # init's output shapes. On an accelerator the update then compiles on a third
+            # thread beside the init's compile; on a CPU after it, when the init's compile
+            # memory is freed and its cores are free (docs/PERFORMANCE.md). pmap lowers
+            # host-local shapes of one process only.
             trainer.start_init_compile()
-            trainer.lower_update(trainer.abstract_runner())
+            if compiling:
+                trainer.start_update_compile(trainer.abstract_runner())
+            else:
+                trainer.lower_update(trainer.abstract_runner())
         runner = trainer.init_runner()
         if init_params is not None:
             runner = trainer.with_policy_params(runner, init_params)
-        state_note = (f"init {time.perf_counter() - setup_start:.1f} s"
-                      + (", the update lowered beside it" if beside else ""))
+        beside_note = ", the update compiling beside it" if compiling else (
+            ", the update lowered beside it" if beside else "")
+        state_note = f"init {time.perf_counter() - setup_start:.1f} s{beside_note}"
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
                           runner.policy.params)
     processes = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
