@@ -13,10 +13,11 @@
 #       The preset's own shape (default solo_excavator), cold cache: seconds to the first
 #       update and to the eval's compile, and steady env steps/s (scripts/benchmark_train.py).
 #   OUT_DIR=out bash scripts/gpu_checks.sh xla [PRESET]                   (<= 9 minutes)
-#       XLA_FLAGS A/Bs at the preset's shape, each with a cold cache of its own: the cold
-#       start (seconds to the first update and to the eval's compile) as set by
-#       scripts/euler/env.sh and with GPU autotuning off, then steady env steps/s as set and
-#       with while loops and conditionals recorded into CUDA graphs (command buffers).
+#       XLA_FLAGS A/Bs at the preset's shape, each with a cold cache of its own: steady env
+#       steps/s as scripts/euler/env.sh sets the flags and with while loops and conditionals
+#       recorded into CUDA graphs (command buffers); the cold start (seconds to the first
+#       update and to the eval's compile) as set, with GPU autotuning off and with LLVM at
+#       -O1. Runs the budget no longer holds are skipped, the least wanted first.
 #   OUT_DIR=out bash scripts/gpu_checks.sh environment                    (<= 1 minute)
 #       The stack the other modes run on: the GPU, the Python chosen and its packages.
 #   OUT_DIR=out bash scripts/gpu_checks.sh profile                        (<= 9 minutes)
@@ -141,48 +142,54 @@ xla)
     joined() { echo "$1${1:+${2:+ }}$2"; }  # XLA reads a value without "--" as a file name
     sets=(--set num_devices=1)
     [[ $platform == cpu ]] && sets+=(--set num_envs_per_device=8 --set eval_episodes=8)
-    # name|extra XLA flags: cold starts (3 updates and an eval), then steady benchmarks
-    starts=("as_set|" "autotune_off|--xla_gpu_autotune_level=0")
     graphs="--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
-    steadies=("as_set|" "graphs|$graphs" "graphs_min1|$graphs --xla_gpu_graph_min_graph_size=1")
-    start_names=() steady_names=()
-    for entry in "${starts[@]}"; do
-        name=${entry%%|*} extra=${entry#*|}
-        start_names+=("$name")
-        step "$preset: cold start, $name (XLA_FLAGS: ${extra:-as set})"
-        XLA_FLAGS=$(joined "$set_flags" "$extra") timeout 150 "$py" train_mixed.py --config "$preset" \
-            --num_devices 1 --max_updates 3 --log_eval_interval 3 --runs_dir "$work/runs" \
-            --run_name "start_$name" --compilation_cache_dir "$work/cache_start_$name" \
-            ${shape[@]+"${shape[@]}"} 2>&1 | grep -v "^W0000\|^I0000" \
-            | tee "$out/xla_start_$name.log" | tail -4
+    # kind|name|extra XLA flags, most wanted first; a run the budget no longer holds is
+    # skipped. start: 3 updates and an eval (train_mixed.py); steady: benchmark_train.py.
+    runs=("steady|as_set|" "steady|graphs|$graphs" "start|as_set|"
+          "start|autotune_off|--xla_gpu_autotune_level=0"
+          "steady|graphs_min1|$graphs --xla_gpu_graph_min_graph_size=1"
+          "start|opt_level_1|--xla_backend_optimization_level=1")
+    done_runs=()
+    for entry in "${runs[@]}"; do
+        IFS='|' read -r kind name extra <<<"$entry"
+        limit=$([[ $kind == start ]] && echo 130 || echo 90)
+        if (($(left) < limit + 10)); then
+            echo "gpu_checks.sh: skipped $kind $name: $(left) s left" >&2
+            continue
+        fi
+        done_runs+=("${kind}_$name")
+        step "$preset: $kind, $name (XLA_FLAGS: ${extra:-as set})"
+        if [[ $kind == start ]]; then
+            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $limit "$py" train_mixed.py \
+                --config "$preset" --num_devices 1 --max_updates 3 --log_eval_interval 3 \
+                --runs_dir "$work/runs" --run_name "start_$name" \
+                --compilation_cache_dir "$work/cache_start_$name" ${shape[@]+"${shape[@]}"} \
+                2>&1 | grep -v "^W0000\|^I0000" | tee "$out/xla_start_$name.log" | tail -4
+        else
+            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $limit "$py" \
+                scripts/benchmark_train.py --config "$preset" "${sets[@]}" --updates 20 \
+                --compilation-cache-dir "$work/cache_steady_$name" \
+                --json "$out/xla_steady_$name.json" 2>&1 | grep -v "^W0000\|^I0000" | tail -3
+        fi
     done
-    for entry in "${steadies[@]}"; do
-        name=${entry%%|*} extra=${entry#*|}
-        steady_names+=("$name")
-        step "$preset: steady env steps/s, $name (XLA_FLAGS: ${extra:-as set})"
-        XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $(($(left) < 100 ? $(left) - 5 : 100)) "$py" \
-            scripts/benchmark_train.py --config "$preset" "${sets[@]}" --updates 20 \
-            --compilation-cache-dir "$work/cache_steady_$name" \
-            --json "$out/xla_steady_$name.json" 2>&1 | grep -v "^W0000\|^I0000" | tail -3
-    done
-    OUT=$out STARTS="${start_names[*]}" STEADIES="${steady_names[*]}" "$py" -c "
+    OUT=$out RUNS="${done_runs[*]}" "$py" -c "
 import json, os
 from terra_rl.analysis.run_summary import parse_log
 out = os.environ['OUT']
-def names(key):
-    return os.environ[key].split()
-def read(path, parse):
+def steady(text):
+    bench = json.loads(text)
+    return {key: bench.get(key) for key in ('steps_per_second', 'seconds_per_update',
+                                            'compile_seconds')}
+figures = {'cold_start': {}, 'steady': {}, 'xla_flags_as_set': os.environ.get('XLA_FLAGS', '')}
+for run in os.environ['RUNS'].split():
+    kind, name = run.split('_', 1)
+    path = f'{out}/xla_start_{name}.log' if kind == 'start' else f'{out}/xla_steady_{name}.json'
     try:
-        return parse(open(path).read())
+        text = open(path).read()
+        figures['cold_start' if kind == 'start' else 'steady'][name] = (
+            parse_log(text) if kind == 'start' else steady(text))
     except (OSError, ValueError) as error:
-        return {'error': str(error)}
-figures = {
-    'cold_start': {name: read(f'{out}/xla_start_{name}.log', parse_log) for name in names('STARTS')},
-    'steady': {name: read(f'{out}/xla_steady_{name}.json', lambda text: {
-        key: json.loads(text).get(key) for key in ('steps_per_second', 'seconds_per_update',
-                                                   'compile_seconds')}) for name in names('STEADIES')},
-    'xla_flags_as_set': os.environ.get('XLA_FLAGS', ''),
-}
+        figures['cold_start' if kind == 'start' else 'steady'][name] = {'error': str(error)}
 json.dump(figures, open(f'{out}/xla.json', 'w'), indent=2)
 print(json.dumps(figures, indent=2))"
     ;;
