@@ -160,13 +160,13 @@ xla)
         done_runs+=("${kind}_$name")
         step "$preset: $kind, $name (XLA_FLAGS: ${extra:-as set})"
         if [[ $kind == start ]]; then
-            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $limit "$py" train_mixed.py \
+            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout "$limit" "$py" train_mixed.py \
                 --config "$preset" --num_devices 1 --max_updates 3 --log_eval_interval 3 \
                 --runs_dir "$work/runs" --run_name "start_$name" \
                 --compilation_cache_dir "$work/cache_start_$name" ${shape[@]+"${shape[@]}"} \
                 2>&1 | grep -v "^W0000\|^I0000" | tee "$out/xla_start_$name.log" | tail -4
         else
-            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout $limit "$py" \
+            XLA_FLAGS=$(joined "$set_flags" "$extra") timeout "$limit" "$py" \
                 scripts/benchmark_train.py --config "$preset" "${sets[@]}" --updates 20 \
                 --compilation-cache-dir "$work/cache_steady_$name" \
                 --json "$out/xla_steady_$name.json" 2>&1 | grep -v "^W0000\|^I0000" | tail -3

@@ -338,8 +338,8 @@ def test_the_update_compiles_beside_the_init_to_the_same_run(tiny_trainer, tmp_p
                                                               capsys):
     """`Trainer.update_beside_init` (the default on an accelerator, forced here on the CPU):
     the update compiles on a thread of its own while the init compiles, the log says so,
-    and the run logs the same records as the shared trainer's, whose update compiled after
-    the init."""
+    and the run logs the same records as the shared trainer's, which keeps the CPU's order
+    (the update compiled after the init)."""
     trainer = build_trainer(tiny_config(), max_traces=1)
     trainer.update_beside_init = True
     assert trainer.compiles_update_beside_init() and not tiny_trainer.compiles_update_beside_init()
