@@ -196,15 +196,15 @@ class Trainer:
             return self.update_beside_init
         return self.devices[0].platform != "cpu"
 
-    def start_update_compile(self, runner: RunnerState) -> None:
+    def start_update_compile(self, runner: RunnerState, background: bool = True) -> None:
         """Lower the update (`lower_update`, from `runner` or `abstract_runner()`) on this
-        thread and compile it on another; `compile_update` waits for it."""
+        thread and compile it, with `background` on another; `compile_update` takes it."""
         if self.compiled_update is not None or self.update_compile_future is not None:
             return
         self.lower_update(runner)
         lowered, self.lowered_update = self.lowered_update, None
         self.update_compile_future = _compile(
-            lambda: lowered, time.perf_counter(), True, "update-compile",
+            lambda: lowered, time.perf_counter(), background, "update-compile",
             compiler_options=self._compiler_options("update", {}))
 
     def compile_update(self, runner: RunnerState):
@@ -212,17 +212,11 @@ class Trainer:
         compile (waiting for the compile `start_update_compile` began). It takes and returns
         global arrays (`runner`, `env_params`, and with `updates_per_dispatch` > 1 the update
         count, `self.update_counts(n)`)."""
-        if self.compiled_update is None and self.update_compile_future is not None:
+        if self.compiled_update is None:
+            self.start_update_compile(runner, background=False)
             self.compiled_update, seconds = self.update_compile_future.result()
             self.update_compile_future = None
             self.compile_seconds += seconds
-        if self.compiled_update is None:
-            self.lower_update(runner)
-            start = time.perf_counter()
-            self.compiled_update = self.lowered_update.compile(
-                compiler_options=self._compiler_options("update", {}))
-            self.compile_seconds += time.perf_counter() - start
-            self.lowered_update = None
         return self.compiled_update
 
     def update_counts(self, count: int):
