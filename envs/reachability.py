@@ -91,23 +91,29 @@ def unpack(x: jax.Array, n: int) -> jax.Array:
 
 def moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     """Packed uint32 [..., words, N]: y[r, c] = x[r - dr, c - dc], False where that lies off
-    the map (|dc| < 32)."""
+    the map (|dc| < 32).
+
+    The columns shift first, the rows after: the row shift's padded copy then has one user,
+    and XLA fuses it into the loop that reads it. Rows first, the padded copy fed both
+    halves of the column shift's carry and XLA:CPU ran it as a loop of its own: a sweep of
+    the cut-off fill ran about 31 XLA ops instead of 15, and the env step under a trained
+    policy's actions took 5-8% longer at 64x64 (the same bits either way)."""
+    y = x
+    if dc:
+        shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
+        if x.shape[-2] == 1:  # one word a row (N <= 32): nothing to carry between words
+            y = x << shift if dc > 0 else x >> shift
+        elif dc > 0:  # towards higher columns: bits move up, carrying from the word below
+            below = jnp.concatenate([jnp.zeros_like(x[..., :1, :]), x[..., :-1, :]], axis=-2)
+            y = (x << shift) | (below >> back)
+        else:
+            above = jnp.concatenate([x[..., 1:, :], jnp.zeros_like(x[..., :1, :])], axis=-2)
+            y = (x >> shift) | (above << back)
+        if n % WORD:  # clear the bits beyond the last column (a constant per word)
+            y = y & _column_bits(n)[:, None]
     if dr:
-        rows = [(0, 0)] * (x.ndim - 1) + [(max(dr, 0), max(-dr, 0))]
-        x = jnp.pad(x, rows)[..., max(-dr, 0) : max(-dr, 0) + n]
-    if dc == 0:
-        return x
-    shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
-    if x.shape[-2] == 1:  # one word a row (N <= 32): nothing to carry between words
-        y = x << shift if dc > 0 else x >> shift
-    elif dc > 0:  # towards higher columns: bits move up, carrying from the word below
-        below = jnp.concatenate([jnp.zeros_like(x[..., :1, :]), x[..., :-1, :]], axis=-2)
-        y = (x << shift) | (below >> back)
-    else:
-        above = jnp.concatenate([x[..., 1:, :], jnp.zeros_like(x[..., :1, :])], axis=-2)
-        y = (x >> shift) | (above << back)
-    if n % WORD:  # clear the bits beyond the last column (a constant per word)
-        y = y & _column_bits(n)[:, None]
+        rows = [(0, 0)] * (y.ndim - 1) + [(max(dr, 0), max(-dr, 0))]
+        y = jnp.pad(y, rows)[..., max(-dr, 0) : max(-dr, 0) + n]
     return y
 
 
