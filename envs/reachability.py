@@ -97,7 +97,7 @@ def moved(x: jax.Array, dr: int, dc: int, n: int) -> jax.Array:
     and XLA fuses it into the loop that reads it. Rows first, the padded copy fed both
     halves of the column shift's carry and XLA:CPU ran it as a loop of its own: a sweep of
     the cut-off fill ran about 31 XLA ops instead of 15, and the env step under a trained
-    policy's actions took 5-8% longer at 64x64 (the same bits either way)."""
+    policy's actions took about 5% longer at 64x64 (the same bits either way)."""
     y = x
     if dc:
         shift, back = jnp.uint32(abs(dc)), jnp.uint32(WORD - abs(dc))
