@@ -183,13 +183,14 @@ def steady(text):
 figures = {'cold_start': {}, 'steady': {}, 'xla_flags_as_set': os.environ.get('XLA_FLAGS', '')}
 for run in os.environ['RUNS'].split():
     kind, name = run.split('_', 1)
-    path = f'{out}/xla_start_{name}.log' if kind == 'start' else f'{out}/xla_steady_{name}.json'
+    start = kind == 'start'
+    path = f'{out}/xla_start_{name}.log' if start else f'{out}/xla_steady_{name}.json'
     try:
         text = open(path).read()
-        figures['cold_start' if kind == 'start' else 'steady'][name] = (
-            parse_log(text) if kind == 'start' else steady(text))
+        figure = parse_log(text) if start else steady(text)
     except (OSError, ValueError) as error:
-        figures['cold_start' if kind == 'start' else 'steady'][name] = {'error': str(error)}
+        figure = {'error': str(error)}
+    figures['cold_start' if start else 'steady'][name] = figure
 json.dump(figures, open(f'{out}/xla.json', 'w'), indent=2)
 print(json.dumps(figures, indent=2))"
     ;;
