@@ -10,7 +10,9 @@ Takes `train_mixed.py`'s preset and flags (tracked excavators only, with a cut-o
 plus `--rounds N` (rollouts of `num_steps` steps, each from where the last ended),
 `--margins 4,8,12` (the repair's window margins in tiles) and `--json PATH`. With
 `--init_params RUN_DIR` the rollouts take that run's policy's actions, else the initial
-policy's. Prints one line per round and a table of counts; bad input exits 2 with one line.
+policy's. Prints one line per round, a table of counts, and what one fill sweep of a pass's
+envs costs on each margin's mean window and on the whole map (median of 9 rounds);
+bad input exits 2 with one line.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from terra_rl.cli.flags import parse_train_args  # noqa: E402
 from terra_rl.cli.parser import OneLineErrorParser  # noqa: E402
 from terra_rl.config import ConfigError, resolve  # noqa: E402
 from terra_rl.perf.profiling import make_observation_cache, policy_outputs  # noqa: E402
-from terra_rl.perf.reach_repair import make_repair_census  # noqa: E402
+from terra_rl.perf.reach_repair import make_repair_census, sweep_seconds  # noqa: E402
 from terra_rl.run.trainer import build_trainer  # noqa: E402
 from terra_rl.run.warm_start import WarmStartError, load_init_params  # noqa: E402
 
@@ -135,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
         row = result[f"margin_{m}"]
         print(f"{m:>6}  {row['accepted']:>14.1%}  {row['wrong']:>5}  {row['sweeps']:>17.1f}  "
               f"{row['window_tiles']:>19.0f}")
+    # What a sweep costs on each margin's mean window (as a square) against the whole map,
+    # for the envs a pass of the env's cut-off test holds.
+    sides = [max(3, round(result[f"margin_{m}"]["window_tiles"] ** 0.5)) for m in margins]
+    chunk = env.batch_env.max_cut_off_checks
+    seconds = sweep_seconds(env.batch_env.env.config,
+                            tuple(dict.fromkeys((*sides, config.map_size))), chunk)
+    result["sweep_us"] = {f"{size}x{size}": s * 1e6 for size, s in seconds.items()}
+    print(f"a sweep of {chunk} envs: " + ", ".join(
+        f"{us:.1f} us on {size}" for size, us in result["sweep_us"].items()))
     if own.json is not None:
         own.json.write_text(json.dumps({"config": config.to_dict(), "census": result},
                                        indent=2) + "\n")

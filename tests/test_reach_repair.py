@@ -13,7 +13,12 @@ from test_trainer import load_script
 
 from envs import EnvConfig, ExcavationEnv, reachability
 from envs.batch import BatchEnv
-from terra_rl.perf.reach_repair import make_local_repair, make_repair_census, make_tracked_fill
+from terra_rl.perf.reach_repair import (
+    make_local_repair,
+    make_repair_census,
+    make_tracked_fill,
+    sweep_seconds,
+)
 from terra_rl.validation import small
 
 NUM_ENVS = 16
@@ -161,3 +166,9 @@ def test_the_repair_drops_pockets_and_declines_a_split(case):
         assert not reached[pocket].any() and reached[ring >= 6].any()
     else:  # the pocket alone
         assert reached[pocket].any() and not reached[~pocket].any()
+
+
+def test_sweep_seconds_times_each_size():
+    seconds = sweep_seconds(EnvConfig(map_size=16), (8, 16), envs=2, sweeps=2, rounds=1)
+    assert list(seconds) == [8, 16]
+    assert all(np.isfinite(s) and s > 0 for s in seconds.values())

@@ -24,12 +24,16 @@ Tracked excavators only (their moves: `envs.reachability`)."""
 
 from __future__ import annotations
 
+import functools
+import statistics
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from envs import EnvConfig, ExcavationEnv, reachability
 from envs import geometry as geo
+from terra_rl.perf.benchmarking import time_in_rounds
 
 H = reachability.H
 BAND = 2
@@ -37,15 +41,16 @@ BAND = 2
 64x64; `make_tracked_fill` checks it)."""
 
 
-def make_next_to(config: EnvConfig):
+def make_next_to(config: EnvConfig, size: int | None = None):
     """`next_to(poses) -> poses`, packed uint32 [..., 12, words, N] pose sets
-    (`envs.reachability.pack`): the poses one tracked move or turn away from `poses`."""
+    (`envs.reachability.pack`; N = `size`, default the map's): the poses one tracked move
+    or turn of `config`'s excavator away from `poses`."""
     steps = geo.move_displacements(config.move_step)
     if int(np.max(np.abs(steps))) > BAND:
         raise ValueError(f"moves longer than {BAND} tiles need a wider band")
     straight = reachability.make_moves(
         [(h, h, *(sign * steps[2 * h])) for h in range(H) for sign in (1, -1)], H,
-        config.map_size)
+        size or config.map_size)
     return lambda poses: (straight(poses) | jnp.roll(poses, 1, axis=-3)
                           | jnp.roll(poses, -1, axis=-3))
 
@@ -176,3 +181,24 @@ def make_repair_census(env: ExcavationEnv, margins: tuple[int, ...] = (4, 8, 12)
         return out
 
     return census
+
+
+def sweep_seconds(config: EnvConfig, sizes: tuple[int, ...], envs: int, sweeps: int = 24,
+                  rounds: int = 9) -> dict[int, float]:
+    """Median wall seconds of one sweep of `make_tracked_fill`'s loop for `envs` envs on
+    pose sets `size` x `size` (random regions), per size in `sizes`, timed in rounds
+    (`benchmarking.time_in_rounds`): what a repair's window saves per sweep against the
+    whole map."""
+    calls = {}
+    for size in sizes:
+        next_to = make_next_to(config, size)
+        words = -(-size // reachability.WORD)
+        keys = jax.random.split(jax.random.PRNGKey(size))
+        region = jax.random.bits(keys[0], (envs, H, words, size), jnp.uint32)
+        seed = jnp.zeros_like(region).at[:, 0, 0, size // 2].set(1)
+        run = jax.jit(lambda seed, region, next_to=next_to: jax.lax.fori_loop(
+            0, sweeps, lambda _, reach: reach | (next_to(reach) & region), seed))
+        jax.block_until_ready(run(seed, region))
+        calls[size] = functools.partial(run, seed, region)
+    samples = time_in_rounds(calls, rounds)
+    return {size: statistics.median(times) / sweeps for size, times in samples.items()}
