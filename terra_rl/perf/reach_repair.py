@@ -150,7 +150,11 @@ def make_repair_census(env: ExcavationEnv, margins: tuple[int, ...] = (4, 8, 12)
         raise ValueError("the census drives tracked excavators only: set wheeled_fraction 0")
     repairs = {m: jax.vmap(make_local_repair(config, m, max_groups)) for m in margins}
     fill = jax.vmap(make_tracked_fill(config))
-    reachable = reachability._make_reachable_packed(config, False)
+    reachable_one = reachability.make_reachable_poses(config, wheeled=False)
+
+    def reachable(*args):  # the env's own fill, packed
+        return reachability.pack(jax.vmap(reachable_one)(*args))
+
     free_poses = jax.vmap(reachability.make_free_poses(config))
     cut_off = reachability.make_batch_cut_off(config, False)
     axes = (-3, -2, -1)
