@@ -6,8 +6,9 @@ form about 1.7x slower than the same products summed into an [O, I] result: 3.0 
 1.8 ms for the flat map encoder's 512 x 2048 x 128 on the 2-core CPU. Its simplifier also
 folds a plain transpose of the fast form back into the slow one. `cpu_dense_dot_general`
 computes the fast form behind an optimization barrier and transposes it. The products are
-the same and are summed in the same order, so the bits are the same
-(`tests/test_dense_dot.py`).
+the same. On an AVX-512 host XLA:CPU sums them in the same order in both forms, so the bits
+are the same; on an AVX2 host the orders differ, and a few entries move by about one float32
+step of the largest (`tests/test_dense_dot.py`). Runs on one host repeat either way.
 
 Only the flat map encoder's layer (2,048 inputs) uses it. On the policies' smaller layers
 (4 to 528 inputs) the autodiff form was as fast or faster: 0.52 against 0.61 ms at 528 x 128.
