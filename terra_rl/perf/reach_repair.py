@@ -137,11 +137,10 @@ def make_repair_census(env: ExcavationEnv, margins: tuple[int, ...] = (4, 8, 12)
                        max_groups: int = 4):
     """Jitted `census(states) -> dict of [B] arrays` for a batch of `env`'s states (EnvState
     with a leading axis B): "tested", "cut", "unchanged", "connected", "grew" bool,
-    "global_sweeps"
-    int32 (a fill of R1 from scratch to convergence, the sweep that finds no growth
-    included); per margin m, "accepted_m" and "wrong_m" bool, "sweeps_m" and "window_m"
-    int32 (`make_local_repair`). `max_groups` fills at most per repair; more groups and it
-    does not answer."""
+    "global_sweeps" int32 (a fill of R1 from scratch to convergence, the sweep that finds no
+    growth included); per margin m, "accepted_m" and "wrong_m" bool, "sweeps_m" and
+    "window_m" int32 (`make_local_repair`). `max_groups` fills at most per repair; more
+    groups and it does not answer."""
     config = env.config
     if not env.checks_cut_off:
         raise ValueError("the env runs no cut-off test: turn on mask_cut_off_digs or "
