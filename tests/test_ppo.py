@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from terra_rl.algo import ppo
-from terra_rl.algo.update import shuffled_minibatches
+from terra_rl.algo.update import minibatch_rows, shuffled_minibatches, take_rows
 from terra_rl.config import TrainConfig, get_preset
 from terra_rl.nets.precision import apply_action_mask
 from terra_rl.validation.references import GAE_GAMMA, GAE_LAMBDA, jax_gae
@@ -117,6 +117,15 @@ def test_minibatches_are_shuffled_single_transitions():
     # Another key, another order.
     other = np.asarray(shuffled_minibatches(batch, jax.random.PRNGKey(1), minibatches)["id"])
     assert not np.array_equal(other, got)
+    # The epochs gather each minibatch's rows alone: the same transitions, in the same order,
+    # as one permutation of the flat batch cut into minibatches.
+    rows = minibatch_rows(batch, jax.random.PRNGKey(0), minibatches)
+    order = np.asarray(jax.random.permutation(jax.random.PRNGKey(0), steps * envs))
+    np.testing.assert_array_equal(order.reshape(minibatches, -1), got)
+    for index in range(minibatches):
+        one = take_rows(batch, rows[index])
+        np.testing.assert_array_equal(one["id"], got[index])
+        np.testing.assert_array_equal(one["obs"]["pair"], np.asarray(split["obs"]["pair"])[index])
 
 
 def test_categorical_log_prob_and_its_gradient_equal_a_gather():

@@ -252,6 +252,7 @@ def test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one(batch):
     """The bootstrap's values with the rollout's cache (its last observations refreshed from
     the cache's state, the truncated rows' keys computed from scratch) equal those without it
     bit for bit, over three passes; the first pass reads the cache's state."""
+    from terra_rl.algo.final_observations import from_stacked
     from terra_rl.algo.update import make_bootstrap_values_fn, policy_outputs
 
     config = PolicyConfig("flat", 32, 32, dig_distance=True, pose_distance=True, map_pool=POOL)
@@ -270,10 +271,11 @@ def test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one(batch):
     def outputs(params, obs):
         return policy_outputs(policy, params, obs, True)
 
-    plain = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS))
-    cached = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS, cache))
-    expected = plain(params, last_obs, final_obs, truncated)
-    got = cached(params, last_obs, final_obs, truncated, cache_state)
+    finals = from_stacked(final_obs, truncated)
+    plain = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS), static_argnums=3)
+    cached = jax.jit(make_bootstrap_values_fn(outputs, NUM_ENVS, cache), static_argnums=3)
+    expected = plain(params, last_obs, finals, steps)
+    got = cached(params, last_obs, finals, steps, cache_state)
     for value, reference in zip(got, expected, strict=True):
         np.testing.assert_array_equal(value, reference)
     assert np.asarray(got[1])[~np.asarray(truncated)].max() == 0
@@ -282,6 +284,6 @@ def test_the_bootstrap_reads_the_rollouts_cache_and_equals_the_plain_one(batch):
     # Wrong distances kept for the unchanged envs change their last values: they are read.
     search = cache_state.search
     planted = cache_state._replace(search=search._replace(planes=~search.planes))
-    misled = cached(params, last_obs, final_obs, truncated, planted)
+    misled = cached(params, last_obs, finals, steps, planted)
     assert not np.array_equal(misled[0], got[0])
     np.testing.assert_array_equal(misled[1], got[1])

@@ -58,6 +58,10 @@ class TrainEnv(Protocol):
     num_actions: int
     action_names: tuple[str, ...]
     max_steps: int
+    truncation_period: int
+    """The fewest steps from a reset to a truncation: two truncations of one env are at
+    least this far apart (the rollout keeps one final observation per env per period,
+    `terra_rl.algo.final_observations`)."""
     has_success: bool
     params: Any
     group_names: tuple[str, ...]

@@ -137,6 +137,7 @@ class GymnaxBatchEnv:
         self.num_actions = int(action_space.n)
         self.action_names = tuple(f"action_{i}" for i in range(self.num_actions))
         self.max_steps = int(params.max_steps_in_episode)
+        self.truncation_period = self.max_steps  # the time limit, counted from each reset
         self.can_stagger = env_id in STAGGER_SAFE_ENV_IDS
         obs_struct, _ = jax.eval_shape(lambda: env.reset(jax.random.key(0), params))
         self.obs_shape = tuple(obs_struct.shape)

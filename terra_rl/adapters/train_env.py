@@ -40,6 +40,10 @@ class ExcavationTrainEnv:
         self.num_actions = NUM_ACTIONS
         self.action_names = action_names(batch_env.env.config.wheeled_fraction)
         self.max_steps = batch_env.env.config.max_steps
+        # An episode truncates at max_steps or after stall_steps without progress, each
+        # counted from its reset (only the first, staggered episode starts older).
+        stall_steps = batch_env.env.config.stall_steps
+        self.truncation_period = min(self.max_steps, stall_steps or self.max_steps)
         self.params = batch_env.params
         curriculum = batch_env.env.config.curriculum
         self.curriculum_level_names = curriculum.levels if curriculum else ()

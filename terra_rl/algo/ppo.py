@@ -24,9 +24,8 @@ class Transition:
     value:        float32 [num_envs] V(obs)
     reward:       float32 [num_envs]
     terminated:   bool [num_envs] task done: no bootstrap
-    truncated:    bool [num_envs] timeout: bootstrap from the final observation
-    final_obs:    the pre-reset observation (`StepResult.final_observation`), whose value
-                  bootstraps a truncated step (`update.make_bootstrap_values_fn`)
+    truncated:    bool [num_envs] timeout: bootstrap from the final observation, which the
+                  rollout keeps apart (`final_observations`)
     age:          int32 [num_envs] episode age of `obs` (steps already taken)
     progress:     float32 [num_envs] episode progress after the step
     """
@@ -38,7 +37,6 @@ class Transition:
     reward: jax.Array
     terminated: jax.Array
     truncated: jax.Array
-    final_obs: dict
     age: jax.Array
     progress: jax.Array
 

@@ -16,8 +16,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from terra_rl.algo import ppo, run_keys
+from terra_rl.algo import final_observations, ppo, run_keys
 from terra_rl.algo.device_axis import AXIS
+from terra_rl.algo.final_observations import FinalObservations
 from terra_rl.algo.metrics import (
     curriculum_metrics,
     optimization_metrics,
@@ -127,16 +128,19 @@ def make_init_fn(config: TrainConfig, env, policy, optimizer) -> Callable:
 
 
 def make_bootstrap_values_fn(outputs: Callable, num_envs: int, cache=None) -> Callable:
-    """`values(params, last_obs, final_obs, truncated, cache_state=None) -> (last_value
-    float32 [N], final_values float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the
-    observation after the rollout) and V(final_obs[t]) where `truncated` bool [T, N], else 0
-    (final_obs pytree [T, N, ...], the pre-reset observations).
+    """`values(params, last_obs, finals, num_steps, cache_state=None) -> (last_value float32
+    [N], final_values float32 [T, N])`: V(last_obs) (obs pytree [N, ...], the observation
+    after the rollout) and, for each truncated step t of env n, V of its final observation,
+    0 elsewhere. `finals`: the truncated steps' final observations as the rollout kept them
+    (`final_observations.FinalObservations`, slots [K, N] each naming its step or -1);
+    `num_steps` (static) is T.
 
     One `lax.while_loop` whose body is one critic pass over N observations: the last ones
-    first, then the truncated steps' final observations, N at a time (gathered), so usually
-    two passes per update. The critic, the policy's derived inputs included, is compiled
-    once here instead of three times (a pass per rollout step where envs time out, and one
-    for the last observation): docs/PERFORMANCE.md, "The compile regression, fixed".
+    first, then the kept final observations, N at a time (gathered), so usually two passes
+    per update. The critic, the policy's derived inputs included, is compiled once here
+    instead of three times (a pass per rollout step where envs time out, and one for the
+    last observation): docs/PERFORMANCE.md, "The compile regression, fixed". Each row's
+    value depends on its own observation alone, so which rows share a pass changes no bit.
 
     With the rollout's observation cache (`cache`, `make_observation_cache`) and its state
     after the rollout (`cache_state`), the first pass reads the last observations' cached
@@ -147,38 +151,40 @@ def make_bootstrap_values_fn(outputs: Callable, num_envs: int, cache=None) -> Ca
     compiled copy of the cache's work): the first from `cache_state`, a later one from an
     empty state."""
 
-    def values(params, last_obs, final_obs, truncated, cache_state=None):
-        steps = truncated.shape[0]
-        flat_final = jax.tree.map(lambda x: x.reshape((steps * num_envs,) + x.shape[2:]),
-                                  final_obs)
-        flat_truncated = truncated.reshape(-1)
-        # Indices of the truncated steps, padded with steps * num_envs (dropped on write).
-        (index,) = jnp.nonzero(flat_truncated, size=steps * num_envs,
-                               fill_value=steps * num_envs)
-        passes = 1 + -(-jnp.sum(flat_truncated) // num_envs)
+    def values(params, last_obs, finals: FinalObservations, num_steps: int, cache_state=None):
+        rows = finals.step.size
+        flat_final = jax.tree.map(lambda x: x.reshape((rows,) + x.shape[2:]), finals.obs)
+        flat_step = finals.step.reshape(-1)
+        kept = flat_step >= 0
+        # Where each kept row's value goes in final_values [T * N]; T * N (dropped) elsewhere.
+        env_of_row = jnp.tile(jnp.arange(num_envs, dtype=jnp.int32), rows // num_envs)
+        target = jnp.where(kept, flat_step * num_envs + env_of_row, num_steps * num_envs)
+        target = jnp.concatenate([target, jnp.full((1,), num_steps * num_envs, jnp.int32)])
+        # Indices of the kept rows, padded with `rows` (written nowhere).
+        (index,) = jnp.nonzero(kept, size=rows, fill_value=rows)
+        passes = 1 + -(-jnp.sum(kept) // num_envs)
 
         def body(carry):
             done, last_value, final_values = carry
             chunk = jax.lax.dynamic_slice(index, (jnp.maximum(done - 1, 0) * num_envs,),
                                           (num_envs,))
-            gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, steps * num_envs - 1)],
-                                    flat_final)
+            gathered = jax.tree.map(lambda x: x[jnp.minimum(chunk, rows - 1)], flat_final)
             first = done == 0
             obs = jax.tree.map(lambda a, b: jnp.where(first, a, b), last_obs, gathered)
             if cache is not None:
                 start = jax.tree.map(lambda a, b: jnp.where(first, a, b), cache_state,
                                      cache.init(gathered))
-                obs = cache.refresh(start, obs, first | (chunk < steps * num_envs))[1]
+                obs = cache.refresh(start, obs, first | (chunk < rows))[1]
             _, value = outputs(params, obs)
             last_value = jnp.where(first, value, last_value)
-            written = jnp.where(first, steps * num_envs, chunk)
+            written = jnp.where(first, num_steps * num_envs, target[chunk])
             final_values = final_values.at[written].set(value, mode="drop")
             return done + 1, last_value, final_values
 
         carry = (jnp.int32(0), jnp.zeros((num_envs,), jnp.float32),
-                 jnp.zeros((steps * num_envs,), jnp.float32))
+                 jnp.zeros((num_steps * num_envs,), jnp.float32))
         _, last_value, final_values = jax.lax.while_loop(lambda c: c[0] < passes, body, carry)
-        return last_value, final_values.reshape(steps, num_envs)
+        return last_value, final_values.reshape(num_steps, num_envs)
 
     return values
 
@@ -223,24 +229,33 @@ def make_loss_and_grads(config: TrainConfig, policy) -> Callable:
     return loss_and_grads
 
 
-def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
-    """A rollout batch (pytree of [T, N, ...]) as `num_minibatches` minibatches of single
-    transitions in a random order: pytree of [M, T * N / M, ...], each transition in exactly
-    one minibatch.
+def minibatch_rows(batch, key: jax.Array, num_minibatches: int) -> jax.Array:
+    """int32 [M, T * N / M]: the transitions of a rollout batch (pytree of [T, N, ...]) in a
+    random order, split into `num_minibatches` minibatches of rows of the flat [T * N] batch,
+    each transition in exactly one minibatch.
 
     Transitions, not whole env trajectories: a minibatch of N / M trajectories holds a few
     correlated episodes, and PPO trained on those learned far less (Breakout-MinAtar with the
     relu MLP: 29 against 67.5 on the same seed; docs/RESULTS.md, "What mattered").
     """
     steps, envs = jax.tree.leaves(batch)[0].shape[:2]
-    total = steps * envs
-    order = jax.random.permutation(key, total)
+    order = jax.random.permutation(key, steps * envs)
+    return order.reshape(num_minibatches, -1)
 
-    def split(x):
-        x = x.reshape((total,) + x.shape[2:])[order]
-        return x.reshape((num_minibatches, total // num_minibatches) + x.shape[1:])
 
-    return jax.tree.map(split, batch)
+def take_rows(batch, rows: jax.Array):
+    """The transitions `rows` (int32 [...], rows of the flat [T * N] batch) of a rollout
+    batch (pytree of [T, N, ...]): pytree of [..., ...]. The PPO epochs gather each
+    minibatch's rows as it starts: shuffling the whole batch, then slicing each minibatch out
+    of it, copied the stored observations twice (docs/PERFORMANCE.md)."""
+    steps, envs = jax.tree.leaves(batch)[0].shape[:2]
+    return jax.tree.map(lambda x: x.reshape((steps * envs,) + x.shape[2:])[rows], batch)
+
+
+def shuffled_minibatches(batch, key: jax.Array, num_minibatches: int):
+    """A rollout batch (pytree of [T, N, ...]) as `num_minibatches` minibatches of single
+    transitions in a random order (`minibatch_rows`): pytree of [M, T * N / M, ...]."""
+    return take_rows(batch, minibatch_rows(batch, key, num_minibatches))
 
 
 _TRACE_GUARDS = itertools.count()
@@ -284,10 +299,11 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     observation_cache = make_observation_cache(policy, num_envs)
     bootstrap_values = make_bootstrap_values_fn(outputs, num_envs, observation_cache)
+    final_slots = final_observations.slots_needed(config.num_steps, env.truncation_period)
 
     def choose(extra, obs, noise) -> Choice:
         """The policy's action, sampled with this step's row of `ppo.rollout_noise`."""
-        params, _ = extra
+        params = extra[0]
         gumbel, key_env = noise
         obs = with_derived_features(policy, obs)  # stored, so the epochs need not redo them
         logits, value = outputs(params, obs)
@@ -295,7 +311,7 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     def record(extra, step: Step):
         """A PPO transition and the finished episodes' statistics; counters carried on."""
-        params, counters = extra
+        params, counters, finals = extra
         (obs, logits, value), action, age = step.choice.kept, step.choice.action, step.age
         result = step.result
         reward, terminated, truncated = result.reward, result.terminated, result.truncated
@@ -310,7 +326,6 @@ def make_update_fn(config: TrainConfig, env, policy,
             reward=reward,
             terminated=terminated,
             truncated=truncated,
-            final_obs=result.final_observation,
             age=age,
             progress=result.info["episode_progress"],
         )
@@ -324,7 +339,8 @@ def make_update_fn(config: TrainConfig, env, policy,
             episode_return=jnp.where(done, 0.0, episode_return),
             episode_full=counters.episode_full | done,
         )
-        return (params, counters), (transition, episodes)
+        finals = final_observations.kept(finals, truncated, result.final_observation)
+        return (params, counters, finals), (transition, episodes)
 
     loss_and_grads = make_loss_and_grads(config, policy)
     optimizer_step = ppo.make_optimizer_step(config)
@@ -350,11 +366,14 @@ def make_update_fn(config: TrainConfig, env, policy,
 
     def epoch(carry, key):
         policy_state, loss_scale, batch, ent_coef = carry
-        minibatches = shuffled_minibatches(batch, key, config.num_minibatches)
+
+        def gathered_update(carry, rows):
+            return minibatch_update(carry, take_rows(batch, rows))
+
         (policy_state, loss_scale, _), metrics = jax.lax.scan(
-            minibatch_update,
+            gathered_update,
             (policy_state, loss_scale, ent_coef),
-            minibatches,
+            minibatch_rows(batch, key, config.num_minibatches),
             unroll=unroll_updates,
         )
         return (policy_state, loss_scale, batch, ent_coef), metrics
@@ -363,12 +382,14 @@ def make_update_fn(config: TrainConfig, env, policy,
         params = runner.policy.params
         rng, key_rollout, key_epochs = jax.random.split(runner.rng, 3)
         noise = ppo.rollout_noise(key_rollout, config.num_steps, num_envs, env.num_actions)
-        carry = RolloutCarry(runner.env_state, runner.last_obs, (params, runner.counters))
+        finals = final_observations.empty(runner.last_obs, final_slots)
+        carry = RolloutCarry(runner.env_state, runner.last_obs,
+                             (params, runner.counters, finals))
         carry, (traj, episodes) = rollout(env, env_params, choose, record, carry, noise,
                                           cache=observation_cache)
-        env_state, last_obs, (_, counters), cache_state = carry
-        last_value, final_values = bootstrap_values(params, last_obs, traj.final_obs,
-                                                    traj.truncated, cache_state)
+        env_state, last_obs, (_, counters, finals), cache_state = carry
+        last_value, final_values = bootstrap_values(params, last_obs, finals,
+                                                    config.num_steps, cache_state)
         next_value = ppo.next_values(
             traj.value, last_value, traj.terminated, traj.truncated, final_values
         )

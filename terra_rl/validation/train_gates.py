@@ -217,13 +217,14 @@ def checkpoint_config_restore(options: GateOptions) -> str:
 
 
 def timeout_bootstrap_value(options: GateOptions) -> str:
+    from terra_rl.algo.final_observations import from_stacked
     from terra_rl.algo.update import make_bootstrap_values_fn
 
     env = small.small_train_env()
     reset, step = small.make_batch_reset(env.batch_env), small.make_step_pair(env.batch_env)
     _, params = small.smoke_policy()
     outputs = small.make_policy_outputs(True)
-    values_fn = jax.jit(make_bootstrap_values_fn(outputs, env.num_envs))
+    values_fn = jax.jit(make_bootstrap_values_fn(outputs, env.num_envs), static_argnums=3)
     obs, state = reset(jax.random.PRNGKey(4), env.params)
     last = env.max_steps - 1
     # none; one; a few; the whole batch, on each of two rollout steps (more than one pass)
@@ -243,8 +244,8 @@ def timeout_bootstrap_value(options: GateOptions) -> str:
         )
         final_obs = info["final_observation"]
         two_steps = jax.tree.map(lambda x: jnp.stack([x, x]), final_obs)
-        last_value, final_values = values_fn(params, next_obs, two_steps,
-                                             jnp.asarray(np.stack([truncated, truncated])))
+        finals = from_stacked(two_steps, jnp.asarray(np.stack([truncated, truncated])))
+        last_value, final_values = values_fn(params, next_obs, finals, 2)
         final_values = np.asarray(final_values)
         _, value_final = outputs(params, final_obs)
         _, value_next = outputs(params, next_obs)
