@@ -139,6 +139,8 @@ SLOW_TESTS: dict[str, tuple[str, ...]] = {
     "test_failure_diagnosis.py": (
         "test_a_load_whose_every_dump_the_mask_forbids_is_told_apart",),
     "test_cut_off_checks.py": ("test_a_batch_of_one_kind_tests_with_that_kinds_fill_alone",),
+    # its fixture compiles a rollout and the census: about 25 s on 2 cores
+    "test_reach_repair.py": ("test_the_repair_equals_the_fill_from_scratch_wherever_it_answers",),
 }
 
 

@@ -56,7 +56,6 @@ def counts():
     return {k: np.asarray(v) for k, v in make_repair_census(env, MARGINS)(flat).items()}
 
 
-@pytest.mark.slow  # its fixture compiles a rollout and the census: about 25 s on 2 cores
 def test_the_repair_equals_the_fill_from_scratch_wherever_it_answers(counts):
     tested = counts["tested"]
     assert tested.sum() > 50  # the rollout's states ask the test

@@ -18,7 +18,6 @@ from flax import struct
 
 from terra_rl.algo import final_observations, ppo, run_keys
 from terra_rl.algo.device_axis import AXIS
-from terra_rl.algo.final_observations import FinalObservations
 from terra_rl.algo.metrics import (
     curriculum_metrics,
     optimization_metrics,
@@ -151,7 +150,8 @@ def make_bootstrap_values_fn(outputs: Callable, num_envs: int, cache=None) -> Ca
     compiled copy of the cache's work): the first from `cache_state`, a later one from an
     empty state."""
 
-    def values(params, last_obs, finals: FinalObservations, num_steps: int, cache_state=None):
+    def values(params, last_obs, finals: final_observations.FinalObservations,
+               num_steps: int, cache_state=None):
         rows = finals.step.size
         flat_final = jax.tree.map(lambda x: x.reshape((rows,) + x.shape[2:]), finals.obs)
         flat_step = finals.step.reshape(-1)
