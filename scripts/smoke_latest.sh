@@ -11,12 +11,15 @@
 #      final evaluation on held-out maps;
 #   4. scripts/evaluate.py on the run's latest checkpoint (restored again, evaluated).
 #
+# The run's compilation cache is a new folder of its own: step 2 compiles cold and writes
+# it, steps 3 and 4 read their programs back from it, as a resumed run does.
+#
 #   bash scripts/smoke_latest.sh
 #
 # Environment: SKIP_SMOKE_LATEST=1 skips it (local runs); SMOKE_PYTHON is the interpreter
-# for the virtualenv (default python3.12 where it runs, else python3); SMOKE_VENV reuses or keeps the virtualenv at that
-# path (default: a temporary folder, removed at the end). Prints the installed versions and
-# the wall time; exits non-zero on the first failure.
+# for the virtualenv (default python3.12 where it runs, else python3); SMOKE_VENV reuses or
+# keeps the virtualenv at that path (default: a temporary folder, removed at the end).
+# Prints the installed versions and the wall time; exits non-zero on the first failure.
 set -euo pipefail
 
 if [[ ${SKIP_SMOKE_LATEST:-0} == 1 ]]; then
@@ -57,7 +60,7 @@ EOF
 
 export JAX_PLATFORMS=cpu WANDB_MODE=disabled
 tiny=(--config cpu_demo --runs_dir "$work/runs" --run_name smoke --wandb_mode disabled
-      --compilation_cache_dir "" --num_devices 1 --num_envs_per_device 8 --num_steps 8
+      --compilation_cache_dir "$work/cache" --num_devices 1 --num_envs_per_device 8 --num_steps 8
       --num_minibatches 2 --update_epochs 1 --max_steps 24 --eval_episodes 8 --num_maps 16
       --total_timesteps 128 --log_eval_interval 2 --checkpoint_interval 1)
 run=$work/runs/smoke
